@@ -1,0 +1,3 @@
+"""nmt: an end-to-end neural machine translation toolkit (PyTorch)."""
+
+__version__ = "0.1.0"

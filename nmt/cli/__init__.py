@@ -1,0 +1,1 @@
+"""Thin command-line entry points; the only code that sees Hydra."""

@@ -1,0 +1,76 @@
+"""What every entry point shares: composing recipes with Hydra, and turning user errors into one line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from nmt.config import register_configs, to_object
+from nmt.errors import NmtError
+
+
+def recipes_dir() -> Path:
+    """The recipes folder: $NMT_RECIPES, else `recipes/` beside the package."""
+    return Path(os.environ.get("NMT_RECIPES") or Path(__file__).resolve().parents[2] / "recipes")
+
+
+def _one_line(message: str) -> str:
+    """Hydra's multi-line messages folded into one line, without the search-path dump."""
+    message = message.split("Config search path")[0]
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
+
+
+def compose(config_name: str, overrides: list[str]):
+    """Compose recipes/<config_name>.yaml with command-line overrides into plain dataclasses."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    try:
+        with initialize_config_dir(str(recipes_dir()), version_base="1.3", job_name="nmt"):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+        return to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise NmtError(_one_line(str(err))) from None
+
+
+def group_options() -> dict[str, list[str]]:
+    """The choices of each recipe group (recipes/<group>/<name>.yaml)."""
+    root = recipes_dir()
+    return {
+        group.name: sorted(p.stem for p in group.glob("*.yaml"))
+        for group in sorted(root.iterdir())
+        if group.is_dir()
+    }
+
+
+def print_help(usage: str) -> None:
+    print(usage.strip())
+    print("\nRecipe groups (choose with GROUP=NAME):")
+    for group, names in group_options().items():
+        print(f"  {group}: {', '.join(names)}")
+
+
+def run(main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
+    """Call main(argv) and exit: 0 on success, 2 with one line on stderr for a user error.
+
+    NMT_DEBUG=1 (or --debug) shows the traceback instead.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("NMT_DEBUG") == "1" or "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        code = main(argv) or 0
+    except NmtError as err:
+        if debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        code = err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

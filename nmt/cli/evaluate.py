@@ -1,0 +1,74 @@
+"""nmt-evaluate: BLEU, chrF and TER (sacrebleu, with signatures) of a checkpoint or of a translation file."""
+
+from __future__ import annotations
+
+from nmt.cli.common import compose, print_help, run
+from nmt.cli.translate import load_translator
+from nmt.config import Config, EvaluateConfig
+from nmt.data.corpus import read_lines
+from nmt.errors import NmtError
+from nmt.evaluation.metrics import corpus_scores
+from nmt.fileio import atomic_open
+from nmt.translation import decode_settings
+
+USAGE = """
+usage: nmt-evaluate checkpoint=PATH [split=test|valid|train] [hyp_out=FILE] [decode.beam=K]
+       nmt-evaluate checkpoint=PATH src=FILE ref=FILE [hyp_out=FILE]
+       nmt-evaluate hyp=FILE ref=FILE
+
+Translate a split of the data the model was trained on (or src=FILE) and score it against the
+references with sacrebleu; or score an existing translation (hyp=FILE). Examples:
+  nmt-evaluate checkpoint=runs/quickstart split=test
+  nmt-evaluate hyp=runs/quickstart/test.hyp ref=data/toy/test.tgt
+"""
+
+
+def sources_and_refs(cfg: EvaluateConfig, train_cfg: Config) -> tuple[list[str], list[str]]:
+    """src/ref files when given, else the split of the checkpoint's own data config."""
+    from nmt.data.dataset import read_split
+
+    if cfg.src is not None or cfg.ref is not None:
+        if cfg.src is None or cfg.ref is None:
+            raise NmtError("src and ref go together: give both files, or neither to use split=")
+        src, ref = read_lines(cfg.src), read_lines(cfg.ref)
+        if len(src) != len(ref):
+            raise NmtError(f"{cfg.src} has {len(src)} lines but {cfg.ref} has {len(ref)}; they must match")
+        return src, ref
+    if cfg.split not in ("train", "valid", "test"):
+        raise NmtError(f"split={cfg.split}: expected train, valid or test")
+    text = read_split(train_cfg.data, cfg.split)
+    if text is None:
+        raise NmtError(f"split={cfg.split}: the checkpoint's data config names no {cfg.split} data")
+    return text.src, text.tgt
+
+
+def main(argv: list[str]) -> None:
+    if "-h" in argv or "--help" in argv:
+        return print_help(USAGE)
+    cfg = compose("evaluate", argv)
+    if cfg.hyp is not None:
+        if cfg.ref is None:
+            raise NmtError("hyp=FILE needs ref=FILE")
+        hyps, refs = read_lines(cfg.hyp), read_lines(cfg.ref)
+        if len(hyps) != len(refs):
+            raise NmtError(f"{cfg.hyp} has {len(hyps)} lines but {cfg.ref} has {len(refs)}; they must match")
+    else:
+        if cfg.checkpoint is None:
+            raise NmtError("give checkpoint=PATH (a checkpoint or run dir), or hyp=FILE ref=FILE")
+        translator, train_cfg = load_translator(cfg.checkpoint, cfg.decode, cfg.device)
+        src, refs = sources_and_refs(cfg, train_cfg)
+        hyps = translator.translate(src)
+        print(f"decode: {decode_settings(cfg.decode)}; {len(hyps)} sentences")
+        if cfg.hyp_out is not None:
+            with atomic_open(cfg.hyp_out, "w", key="hyp_out") as f:
+                f.writelines(h + "\n" for h in hyps)
+    for score in corpus_scores(hyps, refs):
+        print(score)
+
+
+def entry() -> None:
+    run(main)
+
+
+if __name__ == "__main__":
+    entry()

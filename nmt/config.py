@@ -1,0 +1,148 @@
+"""Config schemas: the one place where defaults live.
+
+Hydra composes `recipes/` on top of these dataclasses, so a misspelt key or a wrong type fails at
+composition with the key named. Only the CLI entry points see Hydra; they turn the composed config
+into these plain dataclasses and pass explicit arguments on to the modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel text comes from and how it is filtered and tokenized."""
+
+    name: str = "parallel"
+    src: str = "src"
+    tgt: str = "tgt"
+    root: str = ""  # a folder some recipes resolve train/valid/test against
+    train: str = MISSING  # PREFIX (PREFIX.src, PREFIX.tgt, optionally .gz), or a .tsv / .jsonl file
+    valid: Optional[str] = None
+    test: Optional[str] = None
+    hf: Optional[str] = None  # a `datasets` dataset (local save_to_disk folder or hub name)
+    synthetic: Optional[str] = None  # "toy": generate the toy corpus into the train/valid/test folder if missing
+    synthetic_seed: int = 1
+    max_len: int = 100  # training pairs longer than this (subword tokens, either side) are removed
+    max_ratio: Optional[float] = 3.0  # pairs whose longer side is this many times the shorter are removed
+    vocab_size: int = 8000
+    spm_model: str = "unigram"  # unigram | bpe
+    joint_vocab: bool = True
+    cache_dir: str = "data/cache"
+
+
+@dataclass
+class ModelConfig:
+    """Architecture; `arch` picks the builder in nmt.models.seq2seq.BUILDERS."""
+
+    arch: str = "transformer"
+    dim: int = 256
+    layers: int = 3
+    heads: int = 4
+    ffn_dim: int = 1024
+    dropout: float = 0.1
+    norm: str = "pre"  # pre | post (layer norm before or after each sub-layer)
+    scale: bool = True  # divide attention scores by sqrt(d_head)
+    tie_embeddings: bool = True  # target input/output; source too when the vocabulary is joint
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, validation and checkpointing."""
+
+    max_steps: int = 10000
+    max_epochs: Optional[int] = None
+    batch_tokens: int = 4096
+    lr: float = 5e-4  # peak learning rate, reached at the end of warm-up
+    schedule: str = "inverse_sqrt"  # inverse_sqrt | constant
+    warmup: int = 1000
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    valid_every: int = 1000
+    save_every: int = 1000
+    valid_bleu_sentences: Optional[int] = None  # translate only the first N validation sentences for BLEU
+    log_every: int = 50
+    seed: int = 1
+    device: str = "auto"  # auto | cpu | cuda
+    threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
+    progress: bool = True
+
+
+@dataclass
+class DecodeConfig:
+    """Search settings for validation BLEU, nmt-translate and nmt-evaluate."""
+
+    beam: int = 1
+    alpha: float = 0.0  # GNMT length penalty ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.5  # output length limit: a * source length + b
+    max_len_b: int = 10
+    batch_size: int = 64  # sentences per batch
+
+
+@dataclass
+class Config:
+    """A training run (nmt-train, nmt-prepare)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    run_dir: Optional[str] = None  # default: outputs/DATE/TIME
+    resume: Optional[str] = None  # a run dir to continue
+
+
+@dataclass
+class TranslateConfig:
+    """nmt-translate: a checkpoint, an input and an output (stdin/stdout by default)."""
+
+    checkpoint: str = MISSING
+    input: Optional[str] = None
+    output: Optional[str] = None
+    chunk_size: int = 10000  # lines read, translated and written at a time
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    device: str = "auto"
+    progress: bool = True
+
+
+@dataclass
+class EvaluateConfig:
+    """nmt-evaluate: score a checkpoint on a split of its data or on src/ref files, or score hyp against ref."""
+
+    checkpoint: Optional[str] = None
+    split: str = "test"
+    src: Optional[str] = None
+    ref: Optional[str] = None
+    hyp: Optional[str] = None  # an existing translation to score (no checkpoint needed)
+    hyp_out: Optional[str] = None
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    device: str = "auto"
+    progress: bool = True
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (the recipes' `defaults` name them)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    store.store(name="base_translate", node=TranslateConfig)
+    store.store(name="base_evaluate", node=EvaluateConfig)
+
+
+def to_object(cfg: DictConfig):
+    """The composed config as plain dataclasses (interpolations resolved)."""
+    return OmegaConf.to_object(cfg)
+
+
+def config_from_yaml(text: str) -> Config:
+    """A run's saved config (as stored in checkpoints), validated against the schema."""
+    merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(text))
+    return OmegaConf.to_object(merged)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

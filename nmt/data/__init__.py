@@ -1,0 +1,1 @@
+"""Corpus reading and validation, SentencePiece, encoded-dataset cache, batching, synthetic tasks."""

@@ -1,0 +1,77 @@
+"""Token-budget batches with length bucketing, and padding into tensors.
+
+Shapes: B batch, S source length, T target length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nmt.data.tokenizer import BOS, EOS, PAD
+
+
+def token_batches(
+    src_lens: list[int], tgt_lens: list[int], batch_tokens: int, seed: int, epoch: int, shuffle: bool = True
+) -> list[list[int]]:
+    """Split example indices into batches of at most `batch_tokens` padded tokens.
+
+    Examples are sorted by length (ties broken by a seeded draw) so a batch holds similar lengths;
+    the batch order is then shuffled. Each index appears in exactly one batch; an example longer than
+    the budget gets a batch of its own. The result depends only on (seed, epoch).
+    """
+    rng = np.random.default_rng([seed, epoch])
+    src_a, tgt_a = np.asarray(src_lens) + 1, np.asarray(tgt_lens) + 1  # + EOS / BOS
+    ties = rng.random(len(src_a)) if shuffle else np.arange(len(src_a))
+    order = np.lexsort((ties, src_a, tgt_a))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order.tolist():
+        length = max(src_a[i], tgt_a[i])
+        if current and max(longest, length) * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, length)
+    if current:
+        batches.append(current)
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+def pad(sequences: list[list[int]], value: int = PAD) -> torch.Tensor:
+    """(B, max len) long tensor, right-padded."""
+    out = torch.full((len(sequences), max((len(s) for s in sequences), default=0)), value, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out
+
+
+@dataclass
+class Batch:
+    """A padded batch; masks are bool with True = real token."""
+
+    src: torch.Tensor  # (B, S) tokens + EOS
+    src_mask: torch.Tensor  # (B, S)
+    tgt_in: torch.Tensor | None = None  # (B, T) BOS + tokens
+    tgt_out: torch.Tensor | None = None  # (B, T) tokens + EOS
+
+    @property
+    def target_tokens(self) -> int:
+        return int((self.tgt_out != PAD).sum()) if self.tgt_out is not None else 0
+
+    def to(self, device: torch.device) -> "Batch":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Batch(move(self.src), move(self.src_mask), move(self.tgt_in), move(self.tgt_out))
+
+
+def make_batch(src: list[list[int]], tgt: list[list[int]] | None = None) -> Batch:
+    """Append EOS to sources, build teacher-forcing inputs/outputs for targets, and pad."""
+    src_t = pad([s + [EOS] for s in src])
+    if tgt is None:
+        return Batch(src_t, src_t != PAD)
+    return Batch(src_t, src_t != PAD, pad([[BOS] + t for t in tgt]), pad([t + [EOS] for t in tgt]))

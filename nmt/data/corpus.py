@@ -1,0 +1,159 @@
+"""Reading parallel corpora, with validation that names the file and line at fault.
+
+Formats: a pair of text files PREFIX.SRC / PREFIX.TGT (plain or .gz), one TSV file (source<TAB>target),
+one JSONL file ({"SRC": ..., "TGT": ...} or {"translation": {"SRC": ..., "TGT": ...}}), or a HuggingFace
+`datasets` dataset (a local path written by `save_to_disk`, or a hub name for users with a network).
+Lines are split on "\\n" only, so a line count always matches `wc -l`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt.errors import NmtError
+
+
+@dataclass
+class ParallelText:
+    """Aligned source and target sentences; `origin` names where they came from, for messages."""
+
+    src: list[str]
+    tgt: list[str]
+    origin: str
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.exists():
+        raise NmtError(f"{path}: file not found")
+    if path.is_dir():
+        raise NmtError(f"{path}: is a directory, expected a text file")
+    try:
+        data = path.read_bytes()
+        return gzip.decompress(data) if path.suffix == ".gz" else data
+    except PermissionError:
+        raise NmtError(f"{path}: permission denied") from None
+    except (OSError, EOFError) as err:
+        raise NmtError(f"{path}: cannot read ({err})") from None
+
+
+def decode_utf8(data: bytes, origin: str) -> str:
+    """Decode UTF-8, naming the line of the first undecodable byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise NmtError(f"{origin}:{line}: invalid UTF-8 (byte 0x{data[err.start]:02x}); expected UTF-8 text") from None
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines of a text split on "\\n" only (never on other Unicode line breaks), "\\r" endings removed."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a plain or gzipped UTF-8 text file."""
+    path = Path(path)
+    return split_lines(decode_utf8(_read_bytes(path), str(path)))
+
+
+def side_path(prefix: str, lang: str) -> Path:
+    """PREFIX.LANG, or PREFIX.LANG.gz when only that exists."""
+    plain = Path(f"{prefix}.{lang}")
+    gz = Path(f"{prefix}.{lang}.gz")
+    return gz if not plain.exists() and gz.exists() else plain
+
+
+def read_text_pair(prefix: str, src: str, tgt: str) -> ParallelText:
+    """PREFIX.SRC and PREFIX.TGT, which must have the same number of lines."""
+    src_path, tgt_path = side_path(prefix, src), side_path(prefix, tgt)
+    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+    if len(src_lines) != len(tgt_lines):
+        raise NmtError(
+            f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
+            "parallel files must have the same number of lines"
+        )
+    return ParallelText(src_lines, tgt_lines, f"{src_path}, {tgt_path}")
+
+
+def read_tsv(path: str | Path) -> ParallelText:
+    """One `source<TAB>target` pair per line."""
+    path = Path(path)
+    src, tgt = [], []
+    for number, line in enumerate(read_lines(path), 1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise NmtError(f"{path}:{number}: expected 2 tab-separated fields (source, target), found {len(fields)}")
+        src.append(fields[0])
+        tgt.append(fields[1])
+    return ParallelText(src, tgt, str(path))
+
+
+def _pair_from_record(record: dict, src: str, tgt: str) -> tuple[str, str] | None:
+    inner = record.get("translation") if isinstance(record.get("translation"), dict) else record
+    pair = (inner.get(src), inner.get(tgt))
+    return pair if all(isinstance(side, str) for side in pair) else None
+
+
+def read_jsonl(path: str | Path, src: str, tgt: str) -> ParallelText:
+    """One JSON object per line with string fields SRC and TGT (or nested under "translation")."""
+    path = Path(path)
+    src_lines, tgt_lines = [], []
+    for number, line in enumerate(read_lines(path), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise NmtError(f"{path}:{number}: invalid JSON ({err.msg})") from None
+        pair = _pair_from_record(record, src, tgt) if isinstance(record, dict) else None
+        if pair is None:
+            raise NmtError(f'{path}:{number}: expected an object with string fields "{src}" and "{tgt}"')
+        src_lines.append(pair[0])
+        tgt_lines.append(pair[1])
+    return ParallelText(src_lines, tgt_lines, str(path))
+
+
+HF_SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
+
+
+def read_hf(name: str, split: str, src: str, tgt: str) -> ParallelText:
+    """A split of a `datasets` dataset: a local `save_to_disk` folder, or a hub name (needs a network)."""
+    import datasets
+
+    try:
+        if Path(name).exists():
+            dataset = datasets.load_from_disk(name)
+        else:
+            dataset = datasets.load_dataset(name)
+    except Exception as err:  # datasets raises many types; all mean "cannot load this"
+        raise NmtError(f"data.hf={name}: cannot load dataset ({type(err).__name__}: {err})") from None
+    if isinstance(dataset, datasets.DatasetDict):
+        names = [n for n in HF_SPLIT_NAMES[split] if n in dataset]
+        if not names:
+            raise NmtError(f"data.hf={name}: no {split} split; found {sorted(dataset)}")
+        dataset = dataset[names[0]]
+    origin = f"{name}[{split}]"
+    src_lines, tgt_lines = [], []
+    for number, record in enumerate(dataset, 1):
+        pair = _pair_from_record(record, src, tgt)
+        if pair is None:
+            raise NmtError(f'{origin} row {number}: expected string fields "{src}" and "{tgt}" (or "translation")')
+        src_lines.append(pair[0])
+        tgt_lines.append(pair[1])
+    return ParallelText(src_lines, tgt_lines, origin)
+
+
+def read_parallel(spec: str, src: str, tgt: str) -> ParallelText:
+    """Dispatch on the path: .tsv / .jsonl are one file with both sides, anything else is a prefix."""
+    lowered = spec.lower().removesuffix(".gz")
+    if lowered.endswith(".tsv"):
+        return read_tsv(spec)
+    if lowered.endswith(".jsonl"):
+        return read_jsonl(spec, src, tgt)
+    return read_text_pair(spec, src, tgt)

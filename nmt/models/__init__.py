@@ -1,0 +1,1 @@
+"""Encoder-decoder models behind one interface (see seq2seq.py)."""

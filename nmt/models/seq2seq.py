@@ -1,0 +1,83 @@
+"""The encoder-decoder interface every model implements, and `build_model`.
+
+Shape legend: B batch, S source length, T target length, H hidden, V vocab.
+
+An encoder maps (src (B, S), src_mask (B, S)) to `Enc`, a dict of tensors with the batch on dim 0
+(at least "memory" (B, S, H) and "src_mask" (B, S)). A decoder offers
+    init_state(enc) -> State
+    step(prev (B,), enc, state) -> (logits (B, V), State, attn (B, S))
+    forward(tgt_in (B, T), enc, need_attn) -> (logits (B, T, V), attn (B, T, S) or None)
+State is a dict of tensors with the batch on dim 0, so search reorders beams with one index_select and
+never asks which model it runs. Masks are bool, True = real token.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from nmt.config import ModelConfig
+from nmt.errors import NmtError
+
+State = dict[str, torch.Tensor]
+Enc = dict[str, torch.Tensor]
+
+
+def reorder(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Select rows (dim 0) of every tensor: beam reordering, tiling, or dropping finished sentences."""
+    return {key: value.index_select(0, index) for key, value in tensors.items()}
+
+
+class Seq2Seq(nn.Module):
+    """An encoder and a decoder behind one interface."""
+
+    def __init__(self, encoder: nn.Module, decoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> Enc:
+        return self.encoder(src, src_mask)
+
+    def init_state(self, enc: Enc) -> State:
+        return self.decoder.init_state(enc)
+
+    def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
+        return self.decoder.step(prev, enc, state)
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V)."""
+        logits, _ = self.decoder(tgt_in, self.encode(src, src_mask))
+        return logits
+
+
+def _build_transformer(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:
+    from nmt.models.transformer import build_transformer
+
+    return build_transformer(
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        share_src_embeddings=joint and cfg.tie_embeddings,
+        dim=cfg.dim,
+        layers=cfg.layers,
+        heads=cfg.heads,
+        ffn_dim=cfg.ffn_dim,
+        dropout=cfg.dropout,
+        norm=cfg.norm,
+        scale=cfg.scale,
+        tie_output=cfg.tie_embeddings,
+    )
+
+
+BUILDERS: dict[str, Callable[[ModelConfig, int, int, bool], Seq2Seq]] = {
+    "transformer": _build_transformer,
+}
+
+
+def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:
+    """Look the architecture up in BUILDERS."""
+    if cfg.arch not in BUILDERS:
+        raise NmtError(f"model.arch={cfg.arch}: unknown; expected one of {', '.join(sorted(BUILDERS))}")
+    return BUILDERS[cfg.arch](cfg, src_vocab, tgt_vocab, joint)

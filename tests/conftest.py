@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny corpora in temporary folders, tiny model configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.config import Config, DataConfig, ModelConfig, TrainConfig
+from nmt.data.synthetic import generate_toy_corpus
+
+MULTI30K = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"))
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def toy_dir(tmp_path_factory) -> Path:
+    """A small toy corpus: train 3000, valid 100, test 100 pairs."""
+    out = tmp_path_factory.mktemp("toy")
+    return generate_toy_corpus(out, seed=3, sizes={"train": 3000, "valid": 100, "test": 100})
+
+
+def tiny_config(toy_dir: Path, cache_dir: Path, **train) -> Config:
+    """A 1-layer d32 Transformer on the toy corpus, a few steps."""
+    data = DataConfig(
+        name="toy", train=str(toy_dir / "train"), valid=str(toy_dir / "valid"), test=str(toy_dir / "test"),
+        vocab_size=200, cache_dir=str(cache_dir),
+    )
+    model = ModelConfig(dim=32, layers=1, heads=2, ffn_dim=64, dropout=0.0)
+    settings = dict(max_steps=5, batch_tokens=512, warmup=10, valid_every=5, save_every=5, progress=False, valid_bleu_sentences=20)
+    return Config(data=data, model=model, train=TrainConfig(**(settings | train)))
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path

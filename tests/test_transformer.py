@@ -1,0 +1,100 @@
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.data.batching import make_batch
+from nmt.data.tokenizer import BOS
+from nmt.models.seq2seq import build_model
+from nmt.search import greedy_search
+
+VOCAB = 20
+
+
+def tiny(norm="pre", scale=True, **kw):
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=32, layers=2, heads=4, ffn_dim=64, dropout=0.1, norm=norm, scale=scale, **kw)
+    return build_model(cfg, VOCAB, VOCAB, joint=True).eval()
+
+
+def random_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (7, 3, 5)]
+    tgt = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (6, 2, 4)]
+    return make_batch(src, tgt)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("scale", [True, False])
+def test_incremental_step_equals_teacher_forcing(norm, scale):
+    model, batch = tiny(norm, scale), random_batch()
+    with torch.no_grad():
+        enc = model.encode(batch.src, batch.src_mask)
+        full, attn = model.decoder(batch.tgt_in, enc, need_attn=True)  # (B, T, V), (B, T, S)
+        state = model.init_state(enc)
+        for t in range(batch.tgt_in.size(1)):
+            logits, state, step_attn = model.step(batch.tgt_in[:, t], enc, state)
+            torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(step_attn, attn[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_sums_to_one_and_ignores_padding():
+    model, batch = tiny(), random_batch()
+    with torch.no_grad():
+        _, attn = model.decoder(batch.tgt_in, model.encode(batch.src, batch.src_mask), need_attn=True)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(attn.shape[:2]))
+    assert (attn.masked_select(~batch.src_mask[:, None, :].expand_as(attn)) == 0).all()
+
+
+def test_padding_does_not_change_a_sentence():
+    model, batch = tiny(), random_batch()
+    with torch.no_grad():
+        together = model(batch.src, batch.src_mask, batch.tgt_in)
+        for row in range(batch.src.size(0)):
+            s, t = int(batch.src_mask[row].sum()), int((batch.tgt_out[row] != 0).sum())
+            alone = model(batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], batch.tgt_in[row : row + 1, :t])
+            torch.testing.assert_close(alone[0], together[row, :t], atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_alone_equals_in_batch():
+    model, batch = tiny(), random_batch()
+    limit = torch.full((3,), 8)
+    together = greedy_search(model, batch.src, batch.src_mask, limit)
+    for row in range(3):
+        s = int(batch.src_mask[row].sum())
+        alone = greedy_search(model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limit[:1])[0]
+        assert alone.tokens == together[row].tokens
+        assert alone.score == pytest.approx(together[row].score, abs=1e-4)
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = tiny()
+    assert model.decoder.output.weight is model.decoder.embed.tokens.weight
+    assert model.encoder.embed is model.decoder.embed
+    untied = build_model(ModelConfig(dim=32, layers=1, heads=4, ffn_dim=64, tie_embeddings=False), VOCAB, VOCAB, joint=True)
+    assert untied.decoder.output.weight is not untied.decoder.embed.tokens.weight
+
+
+def test_learns_to_reverse_sequences():
+    """A synthetic task that needs attention: output the source reversed."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(dim=64, layers=2, heads=4, ffn_dim=128, dropout=0.0), VOCAB, VOCAB, joint=True)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+
+    def sample(n):
+        seqs = [torch.randint(4, VOCAB, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+        return seqs, [s[::-1] for s in seqs]
+
+    for _ in range(300):
+        batch = make_batch(*sample(64))
+        logits = model(batch.src, batch.src_mask, batch.tgt_in)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    src, tgt = sample(100)
+    batch = make_batch(src)
+    hyps = greedy_search(model, batch.src, batch.src_mask, torch.full((100,), 12))
+    accuracy = sum(h.tokens == t for h, t in zip(hyps, tgt)) / len(tgt)
+    assert accuracy > 0.9, accuracy
