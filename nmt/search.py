@@ -148,35 +148,35 @@ def sample_search(
 class _Beams:
     """The live beams of the sentences still being searched, and the finished hypotheses of all.
 
-    Rows of the model's state are sentence-major: row i * K + j is beam j of live sentence i.
+    Rows of the model's state are sentence-major: row i * width + j is beam j of live sentence i. The
+    first step runs on one row per sentence (its K beams would all be the same); its reorder tiles them.
     """
 
     def __init__(self, src_mask: torch.Tensor, max_len: torch.Tensor, k: int, alpha: float):
         batch, device = src_mask.size(0), src_mask.device
         self.k, self.alpha = k, alpha
         self.sent = torch.arange(batch, device=device)  # (n,) original index of each live sentence
-        self.max_len = max_len
+        self.max_len = max_len  # (n,)
         self.n_done = torch.zeros(batch, dtype=torch.long, device=device)  # (n,) finished hypotheses
-        self.scores = torch.full((batch, k), float("-inf"), device=device)  # (n, K) summed log-probs
-        self.scores[:, 0] = 0.0  # the K beams start identical: expand only the first
-        self.tokens = torch.zeros(batch * k, 0, dtype=torch.long, device=device)  # (n*K, T)
-        self.attn = torch.zeros(batch * k, 0, src_mask.size(1), device=device)  # (n*K, T, S)
+        self.scores = torch.zeros(batch, 1, device=device)  # (n, width) summed log-probs; width 1, then K
+        self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (n*width, T)
+        self.attn = torch.zeros(batch, 0, src_mask.size(1), device=device)  # (n*width, T, S)
         self.src_lens = src_mask.sum(1).tolist()
         self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
 
     def advance(self, logp: torch.Tensor, attn: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Extend every beam by step t's log-probs (n*K, V) and attention (n*K, S).
+        """Extend every beam by step t's log-probs (n*width, V) and attention (n*width, S).
 
-        Takes the top 2K of the (n, K*V) candidates: those ending in EOS among the top K are finished
+        Takes the top 2K of the (n, width*V) candidates: those ending in EOS among the top K are finished
         (all of the top K at the length limit), and the best K that do not end in EOS live on. A sentence
         is done once it holds K finished hypotheses or reaches its length limit.
-        Returns the state rows to keep (n'*K,), the encoder rows when sentences left (else None), and
-        the next input tokens (n'*K,).
+        Returns the state rows to keep (n'*K,), the encoder rows when they change (else None), and the
+        next input tokens (n'*K,).
         """
-        n, k, vocab = self.scores.size(0), self.k, logp.size(1)
-        top, index = (self.scores.view(-1, 1) + logp).view(n, k * vocab).topk(min(2 * k, k * vocab), dim=1)  # (n, 2K)
-        rows = index // vocab + torch.arange(n, device=logp.device)[:, None] * k  # (n, 2K) row each candidate extends
-        token = index % vocab
+        (n, width), k, vocab = self.scores.shape, self.k, logp.size(1)
+        top, index = (self.scores.view(-1, 1) + logp).view(n, width * vocab).topk(min(2 * k, width * vocab), dim=1)  # (n, 2K)
+        first_row = torch.arange(n, device=logp.device)[:, None] * width  # (n, 1) each sentence's first row
+        rows, token = index // vocab + first_row, index % vocab  # (n, 2K) the row each candidate extends, its token
         eos = token == EOS
         final = (eos | (self.max_len == t + 1)[:, None]) & top.isfinite()
         final[:, k:] = False
@@ -185,13 +185,13 @@ class _Beams:
         live = (self.n_done < k) & (self.max_len > t + 1)  # (n,)
         pick = eos.to(torch.uint8).argsort(dim=1, stable=True)[:, :k]  # first K candidates without EOS (one EOS per beam at most)
         rows, token, self.scores = (x.gather(1, pick)[live] for x in (rows, token, top))
+        enc_rows = None
+        if width != k or not bool(live.all()):
+            enc_rows = first_row[live].repeat_interleave(k)  # (n'*K,) all rows of a sentence hold the same encoding
+            self.sent, self.max_len, self.n_done = self.sent[live], self.max_len[live], self.n_done[live]
         rows, token = rows.reshape(-1), token.reshape(-1)
         self.tokens = torch.cat([self.tokens.index_select(0, rows), token[:, None]], 1)
         self.attn = torch.cat([self.attn.index_select(0, rows), attn.index_select(0, rows)[:, None]], 1)
-        enc_rows = None
-        if not bool(live.all()):
-            self.sent, self.max_len, self.n_done = self.sent[live], self.max_len[live], self.n_done[live]
-            enc_rows = (live.nonzero() * k + torch.arange(k, device=logp.device)).reshape(-1)
         return rows, enc_rows, token
 
     def _finish(self, final: torch.Tensor, rows: torch.Tensor, token: torch.Tensor, top: torch.Tensor, attn: torch.Tensor) -> None:
@@ -223,17 +223,17 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search of width k for every sentence of the batch at once; nbest (<= k) hypotheses each.
 
-    The encoder output and the decoder state are tiled k times (rows b*k .. b*k+k-1 are sentence b), and
-    after each step the state is reordered once, with one index_select per tensor, to follow the
-    surviving beams; sentences that are done leave the batch. beam_search(k=1) equals greedy_search.
+    The first step runs on one row per sentence; its reorder tiles the encoder output and the decoder
+    state k times (rows b*k .. b*k+k-1 are sentence b). After each step the state is reordered once,
+    one index_select per tensor, to follow the surviving beams; sentences that are done leave the
+    batch. beam_search(k=1) equals greedy_search.
     """
     enc = model.encode(src, src_mask)
-    tile = torch.arange(src.size(0), device=src.device).repeat_interleave(k)  # (B*K,)
-    enc, state = reorder(enc, tile), reorder(model.init_state(enc), tile)
+    state = model.init_state(enc)
     beams = _Beams(src_mask, max_len, k, alpha)
-    prev = torch.full((src.size(0) * k,), BOS, dtype=torch.long, device=src.device)
+    prev = torch.full((src.size(0),), BOS, dtype=torch.long, device=src.device)
     for t in range(int(max_len.max())):
-        logits, state, attn = model.step(prev, enc, state)  # (n*K, V), state, (n*K, S)
+        logits, state, attn = model.step(prev, enc, state)  # (n*width, V), state, (n*width, S)
         rows, enc_rows, prev = beams.advance(log_probs(logits, t, min_len), attn, t)
         if rows.numel() == 0:
             break
