@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nmt.config import DecodeConfig, ModelConfig  # noqa: E402
 from nmt.data.corpus import read_lines  # noqa: E402
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
+from nmt.errors import NmtError  # noqa: E402
 from nmt.models.seq2seq import BUILDERS, build_model  # noqa: E402
 from nmt.translation import Translator  # noqa: E402
 
@@ -176,4 +177,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except NmtError as err:
+        sys.exit(f"error: {err} (pass --data DIR, the folder with Multi30k's *.gz files)")
