@@ -56,7 +56,7 @@ def ensure_synthetic(data: DataConfig) -> None:
 def read_split(data: DataConfig, split: str) -> ParallelText | None:
     """The raw text of one split, or None when the config names none."""
     if data.hf is not None:
-        return read_hf(data.hf, split, data.src, data.tgt)
+        return read_hf(data.hf, split, data.src, data.tgt, optional=split != "train")
     spec = {"train": data.train, "valid": data.valid, "test": data.test}[split]
     return None if spec is None else read_parallel(spec, data.src, data.tgt)
 
