@@ -64,6 +64,11 @@ class TrainConfig:
     clip_norm: float = 1.0
     valid_every: int = 1000
     save_every: int = 1000
+    keep_last: int = 3  # the newest N step checkpoints kept (checkpoints/step_N.pt; last.pt is the newest)
+    keep_best: int = 1  # the best M step checkpoints by early_stop_metric also kept (best.pt is the best)
+    early_stop_metric: str = "bleu"  # bleu | chrf | loss: the validation score that picks best.pt and drives patience
+    patience: Optional[int] = None  # stop after this many validations in a row without a new best (None: never)
+    max_bad_steps: int = 5  # stop after this many updates in a row skipped for a non-finite loss or gradient
     valid_bleu_sentences: Optional[int] = None  # translate only the first N validation sentences for BLEU
     log_every: int = 50
     seed: int = 1
@@ -92,7 +97,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     run_dir: Optional[str] = None  # default: outputs/DATE/TIME
-    resume: Optional[str] = None  # a run dir to continue
+    resume: Optional[str] = None  # a run dir to continue exactly from its checkpoints/last.pt
+    init_from: Optional[str] = None  # a checkpoint (or run dir) whose weights and tokenizer start a new run (fine-tuning)
 
 
 @dataclass
@@ -123,6 +129,15 @@ class EvaluateConfig:
     progress: bool = True
 
 
+@dataclass
+class AverageConfig:
+    """nmt-average: the weights of a run's newest step checkpoints averaged into one checkpoint."""
+
+    run: str = MISSING  # a run dir written by nmt-train
+    last: int = 3  # how many of its newest checkpoints/step_N.pt to average
+    output: Optional[str] = None  # default: RUN/checkpoints/average.pt
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (the recipes' `defaults` name them)."""
     from hydra.core.config_store import ConfigStore
@@ -131,6 +146,7 @@ def register_configs() -> None:
     store.store(name="base_config", node=Config)
     store.store(name="base_translate", node=TranslateConfig)
     store.store(name="base_evaluate", node=EvaluateConfig)
+    store.store(name="base_average", node=AverageConfig)
 
 
 def to_object(cfg: DictConfig):
