@@ -109,7 +109,7 @@ def init_from_config(cfg: Config, overrides: list[str], saved: Config) -> Config
 
 
 def main(argv: list[str]) -> None:
-    from nmt.training.checkpoint import LAST, checkpoint_config, checkpoint_tokenizer, load_checkpoint
+    from nmt.training.checkpoint import LAST, checkpoint_config, load_checkpoint
     from nmt.training.trainer import Trainer
 
     if "-h" in argv or "--help" in argv:
@@ -130,12 +130,7 @@ def main(argv: list[str]) -> None:
             payload = load_checkpoint(cfg.init_from)
             cfg = init_from_config(cfg, argv, checkpoint_config(payload))
     run_dir = Path(cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))
-    trainer = Trainer(cfg, run_dir, tokenizer=checkpoint_tokenizer(payload) if payload else None)
-    if resume:
-        trainer.restore(payload)
-    elif payload:
-        trainer.init_weights(payload)
-    trainer.fit()
+    Trainer(cfg, run_dir, checkpoint=payload).fit()
     print(f"run dir: {run_dir}")
 
 

@@ -27,14 +27,14 @@ from tqdm import tqdm
 from nmt.config import Config, config_to_yaml
 from nmt.data.batching import Batch, make_batch, token_batches
 from nmt.data.dataset import Split, prepare_data
-from nmt.data.tokenizer import PAD, Tokenizer
+from nmt.data.tokenizer import PAD
 from nmt.errors import NmtError
 from nmt.evaluation.metrics import corpus_score
 from nmt.fileio import atomic_open
 from nmt.models.seq2seq import build_model
 from nmt.runtime import resolve_device, rng_state, seed_everything, set_rng_state
 from nmt.training.checkpoint import (
-    BEST, LAST, link_checkpoint, load_weights, prune_checkpoints, remove_stale_temporaries, save_checkpoint, step_checkpoints, step_name,
+    BEST, LAST, checkpoint_tokenizer, link_checkpoint, load_weights, prune_checkpoints, remove_stale_temporaries, save_checkpoint, step_checkpoints, step_name,
 )
 from nmt.training.schedule import lr_multiplier
 from nmt.training.stopping import BadStepGuard, EarlyStopping, TrainingStopped
@@ -58,9 +58,13 @@ class Meter:
 
 
 class Trainer:
-    """Trains cfg.model on cfg.data into run_dir; `tokenizer` (a checkpoint's) replaces training one."""
+    """Trains cfg.model on cfg.data into run_dir.
 
-    def __init__(self, cfg: Config, run_dir: Path, log: Callable[[str], None] | None = None, tokenizer: Tokenizer | None = None):
+    With a loaded `checkpoint`, its tokenizer and weights are used; with cfg.resume set, its training
+    state too (exact resume), otherwise the optimizer and counters start fresh (init_from, fine-tuning).
+    """
+
+    def __init__(self, cfg: Config, run_dir: Path, log: Callable[[str], None] | None = None, checkpoint: dict | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self._pending: list[str] = []  # log lines written to train.log once the run dir exists
         self._log_file = None
@@ -76,7 +80,7 @@ class Trainer:
             torch.set_num_threads(train.threads)
         seed_everything(train.seed)
         self.device = resolve_device(train.device)
-        self.data = prepare_data(cfg.data, self.log, tokenizer)
+        self.data = prepare_data(cfg.data, self.log, checkpoint_tokenizer(checkpoint) if checkpoint else None)
         tok = self.data.tokenizer
         self.model = build_model(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size, tok.joint).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.lr, betas=(0.9, 0.98), eps=1e-9)
@@ -86,9 +90,15 @@ class Trainer:
         self.saved_step: int | None = None  # the step of checkpoints/last.pt
         self.last_valid: dict[str, float] = {}
         self.bleu_signature: str | None = None
+        if checkpoint is not None:
+            load_weights(self.model, checkpoint)  # before the run dir exists: a mismatch leaves nothing behind
         self._open_run_dir()
         n_params = sum(p.numel() for p in self.model.parameters())
         self.log(f"model: {cfg.model.arch}, {n_params:,} parameters; device {self.device}")
+        if checkpoint is not None and cfg.resume is not None:
+            self.restore(checkpoint)
+        elif checkpoint is not None:
+            self.log(f"init_from: weights of {checkpoint['path']} (step {checkpoint['step']}); fresh optimizer, schedule and counters")
 
     def _open_run_dir(self) -> None:
         """Create the run dir only now that the data and model are valid: a bad input leaves nothing behind."""
@@ -140,11 +150,10 @@ class Trainer:
         prune_checkpoints(folder, set(recent) | self.stopping.best_steps)
 
     def restore(self, payload: dict) -> None:
-        """Continue from a checkpoint of this run: weights, optimizer, schedule, counters, RNG, data position."""
+        """Continue from a checkpoint of this run (its weights already loaded): optimizer, schedule, counters, RNG, data position."""
         state, where = payload.get("train_state"), payload["path"]
         if not isinstance(state, dict):
             raise NmtError(f"{where}: holds no training state (an averaged or exported checkpoint?); start from it with init_from= instead")
-        load_weights(self.model, payload)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
@@ -160,11 +169,6 @@ class Trainer:
         if self.stopping.best and (best := folder / step_name(self.stopping.best[0][0])).is_file():
             link_checkpoint(best, folder / BEST)  # a killed run may have moved best.pt past this checkpoint
         self.log(f"resumed from {where} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
-
-    def init_weights(self, payload: dict) -> None:
-        """Start from a checkpoint's weights with a fresh optimizer, schedule and counters (fine-tuning)."""
-        load_weights(self.model, payload)
-        self.log(f"init_from: weights of {payload['path']} (step {payload['step']}); fresh optimizer, schedule and counters")
 
     # --- training ----------------------------------------------------------------------------
     def loss(self, batch: Batch, smoothing: float) -> torch.Tensor:
