@@ -116,7 +116,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         payload = torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = next((line.strip() for line in str(err).splitlines() if "Unsupported global" in line), "unsafe content")
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+        reason = f"it would call {found.group(1)}" if found else "unsafe content"
         raise NmtError(f"{p}: refused to load: the file holds more than plain tensors and values ({reason})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
         raise NmtError(f"{p}: not a readable checkpoint (truncated or corrupt: {str(err).splitlines()[0]})") from None
