@@ -295,3 +295,15 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("NMT_DEBUG", "1")
     with pytest.raises(NmtError, match="file not found"):
         run(train.main, train_args(tmp_path, tmp_path / "nope"))
+
+
+def test_disk_full_while_writing_the_data_cache(tmp_path, capsys, corpus, monkeypatch):
+    import datasets
+
+    def full(self, path, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", full)
+    code, _, err = cli(train.main, train_args(tmp_path, corpus / "ok"), capsys)
+    one_error_line(code, err, f"error: data.cache_dir={tmp_path}/cache: cannot write the dataset cache (No space left on device)")
+    assert not list((tmp_path / "cache").iterdir()) and not (tmp_path / "run").exists()

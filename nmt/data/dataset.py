@@ -103,17 +103,17 @@ def _save(path: Path, tokenizer: Tokenizer, splits: dict[str, Split]) -> None:
 
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # per process: two runs may fill one cache at once
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for side, model in tokenizer.state().items():
-        (tmp / f"{side}.model").write_bytes(model)
-    for name, split in splits.items():
-        columns = {"src_ids": split.src_ids, "tgt_ids": split.tgt_ids, "src_text": split.src_text, "tgt_text": split.tgt_text}
-        datasets.Dataset.from_dict(columns).save_to_disk(str(tmp / name))
     try:
+        tmp.mkdir(parents=True)
+        for side, model in tokenizer.state().items():
+            (tmp / f"{side}.model").write_bytes(model)
+        for name, split in splits.items():
+            columns = {"src_ids": split.src_ids, "tgt_ids": split.tgt_ids, "src_text": split.src_text, "tgt_text": split.tgt_text}
+            datasets.Dataset.from_dict(columns).save_to_disk(str(tmp / name))
         tmp.rename(path)
-    except OSError:  # another process finished the same cache first; theirs holds the same data
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not path.is_dir():
+        if not path.is_dir():  # unless another process finished the same cache first
             raise
 
 
