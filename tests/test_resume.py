@@ -107,6 +107,10 @@ def assert_identical(a: dict, b: dict) -> None:
             assert torch.equal(value, b["optimizer"][index][key]), (index, key)
 
 
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="the kill tests fork child processes (POSIX only)")
+
+
+@needs_fork
 def test_killed_and_resumed_runs_end_bit_identical(small_corpus, tmp_path, capsys):
     kills = {11: 10, 19: None}  # kill before update 11 (just after the checkpoint of step 10), and mid-way before 19
     children = {at: killed_run(run_args(small_corpus) + [f"run_dir={tmp_path / f'killed{at}'}"], at) for at in kills}
@@ -132,6 +136,7 @@ def test_killed_and_resumed_runs_end_bit_identical(small_corpus, tmp_path, capsy
             os.waitpid(pid, 0)
 
 
+@needs_fork
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path):
     path = tmp_path / "last.pt"
 
