@@ -64,6 +64,12 @@ class ModelConfig:
     gumbel_tau: float = 1.0  # hard: temperature of the Gumbel-softmax relaxation behind the gradients
     max_src_len: int = 256  # location score: one weight row per source position; later positions share the last
 
+    def __post_init__(self) -> None:
+        """An unknown name or impossible combination fails at composition, with the valid choices listed."""
+        from nmt.models.seq2seq import check_model_config
+
+        check_model_config(self)
+
 
 @dataclass
 class TrainConfig:

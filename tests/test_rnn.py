@@ -104,6 +104,19 @@ def test_invalid_settings_fail_with_the_key_named(overrides, message):
         build_model(ModelConfig(**({"dim": 16, "layers": 1} | overrides)), VOCAB, VOCAB, joint=True)
 
 
+def test_overrides_on_a_recipe_compose_and_mistakes_fail_at_composition():
+    from nmt.cli.common import compose
+    from nmt.models.attention import LocalWindow
+
+    cfg = compose("config", ["model=luong", "model.score=dot", "model.window=local_p", "model.window_size=5"])
+    model = build_model(cfg.model, VOCAB, VOCAB, joint=True)
+    assert isinstance(model.decoder.attention, LocalWindow) and model.decoder.attention.size == 5
+    with pytest.raises(NmtError, match="model.score=cosin: unknown"):
+        compose("config", ["model=luong", "model.score=cosin"])
+    with pytest.raises(NmtError, match="location attention is global only"):
+        compose("config", ["model=luong_local_p", "model.score=location"])
+
+
 def copy_accuracy(name: str, steps: int) -> float:
     """Train a tiny model to copy sequences of 3-6 tokens; exact-match accuracy of greedy output."""
     torch.manual_seed(0)

@@ -230,7 +230,8 @@ class HardAttention(Attention):
         if not self.training:
             weights = torch.zeros_like(log_a).scatter_(-1, log_a.argmax(-1, keepdim=True), 1.0)
             return weights @ values, weights
-        gumbel = -torch.empty_like(log_a).exponential_().log()  # -log(E), E ~ Exp(1), is Gumbel(0, 1)
+        exp_noise = torch.empty_like(log_a).exponential_().clamp_min(torch.finfo(log_a.dtype).tiny)  # E ~ Exp(1), never 0
+        gumbel = -exp_noise.log()  # -log(E) is Gumbel(0, 1)
         soft = ((log_a + gumbel) / self.tau).softmax(-1)  # (B, T, S)
         hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
         weights = hard - soft.detach() + soft  # straight-through: one-hot forward, relaxed gradient

@@ -133,6 +133,15 @@ class RNNDecoder(nn.Module):
         return torch.stack(logits, 1), torch.stack(attn, 1) if need_attn else None
 
 
+def check_rnn(cell: str, bridge: str, score: str, window: str, attention: str) -> None:
+    """Fail on a name that is not one of the choices, listing them."""
+    if cell not in CELLS:
+        raise NmtError(f"model.cell={cell}: unknown; expected one of {', '.join(CELLS)}")
+    if bridge not in BRIDGES:
+        raise NmtError(f"model.bridge={bridge}: unknown; expected one of {', '.join(BRIDGES)}")
+    check_attention(score, window, attention)
+
+
 def build_rnn(
     decoder: str,
     src_vocab: int,
@@ -159,11 +168,7 @@ def build_rnn(
     from nmt.models.bahdanau import BahdanauDecoder
     from nmt.models.luong import LuongDecoder
 
-    if cell not in CELLS:
-        raise NmtError(f"model.cell={cell}: unknown; expected one of {', '.join(CELLS)}")
-    if bridge not in BRIDGES:
-        raise NmtError(f"model.bridge={bridge}: unknown; expected one of {', '.join(BRIDGES)}")
-    check_attention(score, window, attention)
+    check_rnn(cell, bridge, score, window, attention)
     if decoder == "luong" and tie_output and embed_dim != dim:
         raise NmtError(f"model.tie_embeddings=true with arch=luong needs model.embed_dim == model.dim (got {embed_dim} and {dim})")
     attn = make_attention(score, dim, dim, dim, window, window_size, attention, max_src_len, gumbel_tau)

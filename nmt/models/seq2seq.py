@@ -104,8 +104,17 @@ BUILDERS: dict[str, Callable[[ModelConfig, int, int, bool], Seq2Seq]] = {
 }
 
 
-def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:
-    """Look the architecture up in BUILDERS."""
+def check_model_config(cfg: ModelConfig) -> None:
+    """Names the builder would not know, caught before any data is prepared (ModelConfig runs this)."""
     if cfg.arch not in BUILDERS:
         raise NmtError(f"model.arch={cfg.arch}: unknown; expected one of {', '.join(sorted(BUILDERS))}")
+    if cfg.arch in ("bahdanau", "luong"):
+        from nmt.models.rnn import check_rnn
+
+        check_rnn(cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention)
+
+
+def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:
+    """Look the architecture up in BUILDERS."""
+    check_model_config(cfg)
     return BUILDERS[cfg.arch](cfg, src_vocab, tgt_vocab, joint)
