@@ -60,8 +60,6 @@ class RNNEncoder(nn.Module):
     def __init__(self, embed: nn.Embedding, cell: str, dim: int, layers: int, dropout: float, bidirectional: bool, bridge: str):
         super().__init__()
         self.directions = 2 if bidirectional else 1
-        if dim % self.directions:
-            raise NmtError(f"model.dim={dim}: a bidirectional encoder needs an even dim (dim / 2 per direction)")
         self.embed, self.dropout, self.lstm = embed, nn.Dropout(dropout), cell == "lstm"
         self.rnn = CELLS[cell](
             embed.embedding_dim, dim // self.directions, layers, batch_first=True,
@@ -133,13 +131,19 @@ class RNNDecoder(nn.Module):
         return torch.stack(logits, 1), torch.stack(attn, 1) if need_attn else None
 
 
-def check_rnn(cell: str, bridge: str, score: str, window: str, attention: str) -> None:
-    """Fail on a name that is not one of the choices, listing them."""
+def check_rnn(
+    decoder: str, cell: str, bridge: str, score: str, window: str, attention: str, dim: int, embed_dim: int, bidirectional: bool, tie_output: bool
+) -> None:
+    """Fail on a name that is not one of the choices (listing them) or on sizes that cannot fit together."""
     if cell not in CELLS:
         raise NmtError(f"model.cell={cell}: unknown; expected one of {', '.join(CELLS)}")
     if bridge not in BRIDGES:
         raise NmtError(f"model.bridge={bridge}: unknown; expected one of {', '.join(BRIDGES)}")
     check_attention(score, window, attention)
+    if bidirectional and dim % 2:
+        raise NmtError(f"model.dim={dim}: a bidirectional encoder needs an even dim (dim / 2 per direction)")
+    if decoder == "luong" and tie_output and embed_dim != dim:
+        raise NmtError(f"model.tie_embeddings=true with arch=luong needs model.embed_dim == model.dim (got {embed_dim} and {dim})")
 
 
 def build_rnn(
@@ -168,9 +172,7 @@ def build_rnn(
     from nmt.models.bahdanau import BahdanauDecoder
     from nmt.models.luong import LuongDecoder
 
-    check_rnn(cell, bridge, score, window, attention)
-    if decoder == "luong" and tie_output and embed_dim != dim:
-        raise NmtError(f"model.tie_embeddings=true with arch=luong needs model.embed_dim == model.dim (got {embed_dim} and {dim})")
+    check_rnn(decoder, cell, bridge, score, window, attention, dim, embed_dim, bidirectional, tie_output)
     attn = make_attention(score, dim, dim, dim, window, window_size, attention, max_src_len, gumbel_tau)
     tgt_embed = embedding(tgt_vocab, embed_dim)
     src_embed = tgt_embed if share_src_embeddings and src_vocab == tgt_vocab else embedding(src_vocab, embed_dim)

@@ -111,7 +111,8 @@ def check_model_config(cfg: ModelConfig) -> None:
     if cfg.arch in ("bahdanau", "luong"):
         from nmt.models.rnn import check_rnn
 
-        check_rnn(cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention)
+        embed_dim = cfg.dim if cfg.embed_dim is None else cfg.embed_dim
+        check_rnn(cfg.arch, cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention, cfg.dim, embed_dim, cfg.bidirectional, cfg.tie_embeddings)
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:
