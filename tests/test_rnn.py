@@ -75,6 +75,18 @@ def test_padding_does_not_change_a_sentence(name):
         assert hyp.score == pytest.approx(searched[row].score, abs=1e-4)
 
 
+@pytest.mark.parametrize("name", ["bahdanau", "luong_local_p", "hard"])
+def test_weights_round_trip_through_a_state_dict(name):
+    """What a checkpoint does: rebuild from the config, load the weights (tied ones included), same outputs."""
+    model, batch = tiny(name), random_batch()
+    torch.manual_seed(123)
+    rebuilt = build_model(ModelConfig(**({"dim": 16, "layers": 2, "dropout": 0.1} | VARIANTS[name])), VOCAB, VOCAB, joint=True).eval()
+    rebuilt.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(batch.src, batch.src_mask, batch.tgt_in), model(batch.src, batch.src_mask, batch.tgt_in))
+    assert rebuilt.decoder.output.weight is rebuilt.decoder.embed.weight is rebuilt.encoder.embed.weight
+
+
 def test_lstm_state_lives_in_the_state_dict_with_the_batch_first():
     model, batch = tiny("luong_general"), random_batch()
     state = model.init_state(model.encode(batch.src, batch.src_mask))
