@@ -37,17 +37,38 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """Architecture; `arch` picks the builder in nmt.models.seq2seq.BUILDERS."""
+    """Architecture; `arch` picks the builder in nmt.models.seq2seq.BUILDERS.
 
-    arch: str = "transformer"
-    dim: int = 256
-    layers: int = 3
-    heads: int = 4
-    ffn_dim: int = 1024
+    One flat schema for every arch: each key says which archs read it (the others ignore it).
+    """
+
+    arch: str = "transformer"  # transformer | bahdanau | luong
+    dim: int = 256  # model width: Transformer d_model; RNN decoder state and encoder output (both directions together)
+    layers: int = 3  # Transformer layers per stack; RNN layers in the encoder and in the decoder
+    heads: int = 4  # transformer: attention heads
+    ffn_dim: int = 1024  # transformer: feed-forward inner size
     dropout: float = 0.1
-    norm: str = "pre"  # pre | post (layer norm before or after each sub-layer)
-    scale: bool = True  # divide attention scores by sqrt(d_head)
+    norm: str = "pre"  # transformer: pre | post (layer norm before or after each sub-layer)
+    scale: bool = True  # transformer: divide attention scores by sqrt(d_head)
     tie_embeddings: bool = True  # target input/output; source too when the vocabulary is joint
+    # --- RNN encoder-decoders (bahdanau, luong) ---
+    embed_dim: Optional[int] = None  # token embedding size (None: same as dim)
+    cell: str = "lstm"  # gru | lstm
+    bidirectional: bool = True  # encoder reads both ways; each direction gets dim / 2
+    bridge: str = "bridge"  # initial decoder state: bridge (tanh(W h_enc_final)) | zero
+    score: str = "general"  # additive | dot | general | concat | location (nmt.models.attention.SCORES)
+    window: str = "global"  # global | local_m | local_p (Luong et al. 2015, sec. 3.2)
+    window_size: int = 10  # D: local windows cover [p_t - D, p_t + D]; local-p's Gaussian has sigma = D / 2
+    input_feeding: bool = True  # luong: feed the attentional vector h~_{t-1} into the next RNN input
+    attention: str = "soft"  # soft | hard (one sampled source position per step, straight-through Gumbel-softmax)
+    gumbel_tau: float = 1.0  # hard: temperature of the Gumbel-softmax relaxation behind the gradients
+    max_src_len: int = 256  # location score: one weight row per source position; later positions share the last
+
+    def __post_init__(self) -> None:
+        """An unknown name or impossible combination fails at composition, with the valid choices listed."""
+        from nmt.models.seq2seq import check_model_config
+
+        check_model_config(self)
 
 
 @dataclass

@@ -45,6 +45,19 @@ def test_attention_sums_to_one_and_ignores_padding():
     assert (attn.masked_select(~batch.src_mask[:, None, :].expand_as(attn)) == 0).all()
 
 
+def test_attention_per_layer_and_head_and_its_plotting_reduction():
+    model, batch = tiny(), random_batch()
+    with torch.no_grad():
+        enc = model.encode(batch.src, batch.src_mask)
+        maps = model.decoder.attention_maps(batch.tgt_in, enc)  # (B, L, N, T, S)
+        _, attn = model.decoder(batch.tgt_in, enc, need_attn=True)
+    assert maps.shape == (3, 2, 4, batch.tgt_in.size(1), batch.src.size(1))
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))
+    assert (maps.masked_select(~batch.src_mask[:, None, None, None, :].expand_as(maps)) == 0).all()
+    assert not torch.allclose(maps[:, 0], maps[:, 1])  # the layers differ
+    torch.testing.assert_close(attn, maps[:, -1].mean(1))  # plotted: last layer, mean over heads
+
+
 def test_padding_does_not_change_a_sentence():
     model, batch = tiny(), random_batch()
     with torch.no_grad():
