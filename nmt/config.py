@@ -100,13 +100,22 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
-    """Search settings for validation BLEU, nmt-translate and nmt-evaluate."""
+    """Search settings for validation BLEU, nmt-translate and nmt-evaluate (see nmt/search.py)."""
 
-    beam: int = 1
-    alpha: float = 0.0  # GNMT length penalty ((5 + len) / 6) ** alpha
-    max_len_a: float = 1.5  # output length limit: a * source length + b
+    beam: int = 1  # beam width K; 1 is greedy search
+    alpha: float = 0.0  # GNMT length penalty ((5 + len) / 6) ** alpha; hypotheses are ranked by score / penalty
+    max_len_a: float = 1.5  # output length limit: a * source length + b (subword tokens)
     max_len_b: int = 10
+    min_len: int = 0  # EOS is forbidden before this many output tokens
+    nbest: int = 1  # hypotheses per sentence (at most beam; any number when sampling)
+    sampling: bool = False  # draw each token at random instead of searching (beam is then ignored)
+    temperature: float = 1.0  # sampling: divide the log-probabilities by this (< 1 sharpens, > 1 flattens)
+    top_k: int = 0  # sampling: draw among the k likeliest tokens only (0: all)
+    top_p: float = 1.0  # sampling: draw from the smallest set of tokens whose probability reaches p (nucleus)
+    seed: int = 1  # sampling: random seed
+    max_src_len: int = 1024  # longer sources are cut to this many subword tokens, with a warning
     batch_size: int = 64  # sentences per batch
+    batch_tokens: int = 32768  # and at most this many beam rows x padded source tokens per batch
 
 
 @dataclass
@@ -129,7 +138,10 @@ class TranslateConfig:
     checkpoint: str = MISSING
     input: Optional[str] = None
     output: Optional[str] = None
-    chunk_size: int = 10000  # lines read, translated and written at a time
+    chunk_size: int = 10000  # lines read, translated and written at a time (sorted by length inside a chunk)
+    attention_out: Optional[str] = None  # write each line's attention matrix: FILE.npz, else JSON lines
+    plot_dir: Optional[str] = None  # write attention heat-maps (PNG) of the first plot_n sentences here
+    plot_n: int = 10
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = "auto"
     progress: bool = True

@@ -1,11 +1,23 @@
 """Decoding through the decoder interface (`init_state` / `step`); no search asks which model it runs.
 
-Shape legend: B batch, S source length, V vocab.
+    greedy_search   the most probable token at each step
+    beam_search     K hypotheses per sentence, all sentences of a batch at once (one function for every model)
+    sample_search   each token drawn from the model's distribution, sharpened by a temperature and cut
+                    to the top-k tokens and/or the top-p nucleus (Holtzman et al. 2020)
+
+A hypothesis' score is the sum of the log-probabilities of its output tokens, EOS included. Hypotheses
+are ranked by the normalised score, score / lp(Y), with the GNMT length penalty (Wu et al. 2016, eq. 14)
+    lp(Y) = ((5 + |Y|) / 6) ** alpha,    |Y| = output steps (tokens + EOS; tokens alone if cut at max length)
+alpha = 0 ranks by the plain sum. An output has at most max_len[b] steps (see `max_lengths`); EOS is
+forbidden before min_len tokens.
+
+Shape legend: B batch, S source length, T output steps so far, V vocab, K beam, N samples per sentence.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -15,11 +27,17 @@ from nmt.models.seq2seq import Seq2Seq, reorder
 
 @dataclass
 class Hypothesis:
-    """One output: tokens without BOS/EOS, the sum of their log-probabilities, attention (len(tokens)+1, S)."""
+    """One output: tokens without BOS/EOS, summed and normalised log-probability, attention (steps, S)."""
 
     tokens: list[int]
     score: float
-    attention: torch.Tensor
+    norm_score: float
+    attention: torch.Tensor  # one row per output step (the EOS step included), one column per source token
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016, eq. 14)."""
+    return ((5 + length) / 6) ** alpha
 
 
 def max_lengths(src_mask: torch.Tensor, a: float, b: int) -> torch.Tensor:
@@ -27,9 +45,31 @@ def max_lengths(src_mask: torch.Tensor, a: float, b: int) -> torch.Tensor:
     return ((src_mask.sum(1) - 1).float() * a + b).long().clamp(min=1)
 
 
+def log_probs(logits: torch.Tensor, step: int, min_len: int) -> torch.Tensor:
+    """(B, V) log-softmax in float32; EOS is impossible while fewer than min_len tokens are out."""
+    logp = logits.float().log_softmax(-1)
+    if step < min_len:
+        logp[:, EOS] = float("-inf")
+    return logp
+
+
+def _hypothesis(tokens: list[int], score: float, attention: torch.Tensor, alpha: float) -> Hypothesis:
+    """A finished output; `tokens` are all steps, a final EOS is dropped from them (not from attention)."""
+    steps = len(tokens)
+    tokens = tokens[:-1] if tokens and tokens[-1] == EOS else tokens
+    return Hypothesis(tokens, score, score / length_penalty(steps, alpha), attention)
+
+
+# --- one path per row: greedy and sampling -----------------------------------------------------
+
+Chooser = Callable[[torch.Tensor], torch.Tensor]  # log-probs (B, V) -> next tokens (B,)
+
+
 @torch.no_grad()
-def greedy_search(model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max_len: torch.Tensor) -> list[Hypothesis]:
-    """Pick the most probable token at each step; a sentence leaves the batch when it emits EOS."""
+def _one_path(
+    model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max_len: torch.Tensor, choose: Chooser, min_len: int, alpha: float
+) -> list[Hypothesis]:
+    """Follow one token per step in every row; a row leaves the batch when it emits EOS or hits max_len."""
     enc = model.encode(src, src_mask)
     state = model.init_state(enc)
     batch, steps = src.size(0), int(max_len.max())
@@ -38,26 +78,166 @@ def greedy_search(model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max
     out = torch.full((batch, steps), EOS, dtype=torch.long, device=src.device)  # (B, T)
     scores = torch.zeros(batch, device=src.device)
     attn_out = torch.zeros(batch, steps, src.size(1), device=src.device)  # (B, T, S)
+    lengths = torch.full((batch,), steps, dtype=torch.long, device=src.device)
     for t in range(steps):
         logits, state, attn = model.step(prev, enc, state)  # (B, V), state, (B, S)
-        best, prev = logits.log_softmax(-1).max(-1)
+        logp = log_probs(logits, t, min_len)
+        prev = choose(logp)
         out[active, t], attn_out[active, t] = prev, attn
-        scores[active] += best
+        scores[active] += logp.gather(1, prev[:, None]).squeeze(1)
         live = (prev != EOS) & (max_len[active] > t + 1)
         if not bool(live.all()):
+            lengths[active[~live]] = t + 1
             keep = live.nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
             active, prev = active[keep], prev[keep]
             enc, state = reorder(enc, keep), reorder(state, keep)
-    return _hypotheses(out.cpu(), scores.cpu(), attn_out.cpu(), src_mask.sum(1).cpu())
+    src_lens, lengths, out, scores, attn_out = src_mask.sum(1).tolist(), lengths.tolist(), out.tolist(), scores.tolist(), attn_out.cpu()
+    return [_hypothesis(out[b][: lengths[b]], scores[b], attn_out[b, : lengths[b], : src_lens[b]], alpha) for b in range(batch)]
 
 
-def _hypotheses(out: torch.Tensor, scores: torch.Tensor, attn: torch.Tensor, src_lens: torch.Tensor) -> list[Hypothesis]:
-    """Cut each row at its first EOS (kept in the attention rows, not in the tokens)."""
-    hyps = []
-    for row, tokens in enumerate(out.tolist()):
-        length = tokens.index(EOS) if EOS in tokens else len(tokens)
-        steps = min(length + 1, len(tokens))
-        hyps.append(Hypothesis(tokens[:length], float(scores[row]), attn[row, :steps, : int(src_lens[row])]))
-    return hyps
+def greedy_search(
+    model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max_len: torch.Tensor, min_len: int = 0, alpha: float = 0.0
+) -> list[Hypothesis]:
+    """The most probable token at each step; one hypothesis per sentence (alpha only sets norm_score)."""
+    return _one_path(model, src, src_mask, max_len, lambda logp: logp.argmax(-1), min_len, alpha)
+
+
+def filter_logits(logp: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """(B, V) log-probs / temperature, with -inf outside the top_k tokens (0: all) and the top_p nucleus."""
+    logits = logp / temperature
+    if 0 < top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, index = logits.sort(-1, descending=True)
+        probs = ordered.softmax(-1)
+        outside = probs.cumsum(-1) - probs >= top_p  # mass before this token already reaches p
+        logits = logits.scatter(-1, index, ordered.masked_fill(outside, float("-inf")))
+    return logits
+
+
+def sample_search(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: torch.Tensor,
+    n: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    min_len: int = 0,
+    alpha: float = 0.0,
+) -> list[list[Hypothesis]]:
+    """n samples per sentence, best normalised score first; scores are the model's own log-probabilities."""
+
+    def draw(logp: torch.Tensor) -> torch.Tensor:
+        probs = filter_logits(logp, temperature, top_k, top_p).softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    tile = torch.arange(src.size(0), device=src.device).repeat_interleave(n)  # (B*N,)
+    hyps = _one_path(model, src[tile], src_mask[tile], max_len[tile], draw, min_len, alpha)
+    return [sorted(hyps[b * n : (b + 1) * n], key=lambda h: -h.norm_score) for b in range(src.size(0))]
+
+
+# --- beam search -------------------------------------------------------------------------------
+
+
+class _Beams:
+    """The live beams of the sentences still being searched, and the finished hypotheses of all.
+
+    Rows of the model's state are sentence-major: row i * width + j is beam j of live sentence i. The
+    first step runs on one row per sentence (its K beams would all be the same); its reorder tiles them.
+    """
+
+    def __init__(self, src_mask: torch.Tensor, max_len: torch.Tensor, k: int, alpha: float):
+        batch, device = src_mask.size(0), src_mask.device
+        self.k, self.alpha = k, alpha
+        self.sent = torch.arange(batch, device=device)  # (n,) original index of each live sentence
+        self.max_len = max_len  # (n,)
+        self.n_done = torch.zeros(batch, dtype=torch.long, device=device)  # (n,) finished hypotheses
+        self.scores = torch.zeros(batch, 1, device=device)  # (n, width) summed log-probs; width 1, then K
+        self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (n*width, T)
+        self.attn = torch.zeros(batch, 0, src_mask.size(1), device=device)  # (n*width, T, S)
+        self.src_lens = src_mask.sum(1).tolist()
+        self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+
+    def advance(self, logp: torch.Tensor, attn: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Extend every beam by step t's log-probs (n*width, V) and attention (n*width, S).
+
+        Takes the top 2K of the (n, width*V) candidates: those ending in EOS among the top K are finished
+        (all of the top K at the length limit), and the best K that do not end in EOS live on. A sentence
+        is done once it holds K finished hypotheses or reaches its length limit.
+        Returns the state rows to keep (n'*K,), the encoder rows when they change (else None), and the
+        next input tokens (n'*K,).
+        """
+        (n, width), k, vocab = self.scores.shape, self.k, logp.size(1)
+        top, index = (self.scores.view(-1, 1) + logp).view(n, width * vocab).topk(min(2 * k, width * vocab), dim=1)  # (n, 2K)
+        first_row = torch.arange(n, device=logp.device)[:, None] * width  # (n, 1) each sentence's first row
+        rows, token = index // vocab + first_row, index % vocab  # (n, 2K) the row each candidate extends, its token
+        eos = token == EOS
+        final = (eos | (self.max_len == t + 1)[:, None]) & top.isfinite()
+        final[:, k:] = False
+        self._finish(final, rows, token, top, attn)
+        self.n_done += final.sum(1)
+        live = (self.n_done < k) & (self.max_len > t + 1)  # (n,)
+        pick = eos.to(torch.uint8).argsort(dim=1, stable=True)[:, :k]  # first K candidates without EOS (one EOS per beam at most)
+        rows, token, self.scores = (x.gather(1, pick)[live] for x in (rows, token, top))
+        enc_rows = None
+        if width != k or not bool(live.all()):
+            enc_rows = first_row[live].repeat_interleave(k)  # (n'*K,) all rows of a sentence hold the same encoding
+            self.sent, self.max_len, self.n_done = self.sent[live], self.max_len[live], self.n_done[live]
+        rows, token = rows.reshape(-1), token.reshape(-1)
+        self.tokens = torch.cat([self.tokens.index_select(0, rows), token[:, None]], 1)
+        self.attn = torch.cat([self.attn.index_select(0, rows), attn.index_select(0, rows)[:, None]], 1)
+        return rows, enc_rows, token
+
+    def _finish(self, final: torch.Tensor, rows: torch.Tensor, token: torch.Tensor, top: torch.Tensor, attn: torch.Tensor) -> None:
+        """Store the candidates marked in `final` (n, 2K) as finished hypotheses of their sentences."""
+        which, col = final.nonzero(as_tuple=True)
+        if which.numel() == 0:
+            return
+        rows_f = rows[which, col]
+        tokens = torch.cat([self.tokens.index_select(0, rows_f), token[which, col][:, None]], 1).tolist()
+        attention = torch.cat([self.attn.index_select(0, rows_f), attn.index_select(0, rows_f)[:, None]], 1).cpu()
+        for i, (sent, score) in enumerate(zip(self.sent[which].tolist(), top[which, col].tolist())):
+            self.finished[sent].append(_hypothesis(tokens[i], score, attention[i, :, : self.src_lens[sent]], self.alpha))
+
+    def best(self, nbest: int) -> list[list[Hypothesis]]:
+        """Each sentence's nbest finished hypotheses, best normalised score first."""
+        return [sorted(hyps, key=lambda h: -h.norm_score)[:nbest] for hyps in self.finished]
+
+
+@torch.no_grad()
+def beam_search(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: torch.Tensor,
+    k: int,
+    alpha: float = 0.0,
+    min_len: int = 0,
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
+    """Beam search of width k for every sentence of the batch at once; nbest (<= k) hypotheses each.
+
+    The first step runs on one row per sentence; its reorder tiles the encoder output and the decoder
+    state k times (rows b*k .. b*k+k-1 are sentence b). After each step the state is reordered once,
+    one index_select per tensor, to follow the surviving beams; sentences that are done leave the
+    batch. beam_search(k=1) equals greedy_search.
+    """
+    enc = model.encode(src, src_mask)
+    state = model.init_state(enc)
+    beams = _Beams(src_mask, max_len, k, alpha)
+    prev = torch.full((src.size(0),), BOS, dtype=torch.long, device=src.device)
+    for t in range(int(max_len.max())):
+        logits, state, attn = model.step(prev, enc, state)  # (n*width, V), state, (n*width, S)
+        rows, enc_rows, prev = beams.advance(log_probs(logits, t, min_len), attn, t)
+        if rows.numel() == 0:
+            break
+        state = reorder(state, rows)
+        if enc_rows is not None:
+            enc = reorder(enc, enc_rows)
+    return beams.best(nbest)

@@ -1,10 +1,14 @@
-"""Translate lists of sentences with a trained model: batching by length, restoring input order.
+"""Translate lists of sentences with a trained model: search settings, batching by length, input order kept.
 
-Every input line gets exactly one output line; blank lines give empty outputs without reaching the model.
+Every input line gets exactly one result, in order; blank lines get none and never reach the model. A
+source longer than decode.max_src_len subword tokens is cut to that length, with a warning naming its line.
 """
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -14,50 +18,117 @@ from nmt.data.batching import make_batch
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.models.seq2seq import Seq2Seq
-from nmt.search import Hypothesis, greedy_search, max_lengths
+from nmt.search import Hypothesis, beam_search, greedy_search, max_lengths, sample_search
+
+
+@dataclass
+class Translation:
+    """One input line: its source ids as translated (cut if too long; no EOS), and hypotheses, best first."""
+
+    src_ids: list[int]
+    hyps: list[Hypothesis]  # [] for a blank line
 
 
 def decode_settings(decode: DecodeConfig) -> str:
     """The search settings printed beside every score."""
-    return f"beam={decode.beam} alpha={decode.alpha} max_len={decode.max_len_a}*src+{decode.max_len_b}"
+    if decode.sampling:
+        search = f"sampling temperature={decode.temperature} top_k={decode.top_k} top_p={decode.top_p} seed={decode.seed}"
+    else:
+        search = f"beam={decode.beam} alpha={decode.alpha}"
+    return f"{search} max_len={decode.max_len_a}*src+{decode.max_len_b}" + (f" min_len={decode.min_len}" if decode.min_len else "")
+
+
+def check_decode(decode: DecodeConfig) -> None:
+    """Reject settings no search can use, naming the key."""
+    problems = [
+        (decode.beam < 1, f"decode.beam={decode.beam}: expected a positive beam size"),
+        (decode.nbest < 1, f"decode.nbest={decode.nbest}: expected at least 1"),
+        (not decode.sampling and decode.nbest > decode.beam, f"decode.nbest={decode.nbest}: at most decode.beam={decode.beam} hypotheses (or set decode.sampling=true)"),
+        (decode.min_len < 0, f"decode.min_len={decode.min_len}: expected 0 or more"),
+        (decode.max_len_a < 0 or decode.max_len_b < 0, f"decode.max_len_a={decode.max_len_a}, decode.max_len_b={decode.max_len_b}: expected 0 or more"),
+        (decode.temperature <= 0, f"decode.temperature={decode.temperature}: expected a positive number"),
+        (decode.top_k < 0, f"decode.top_k={decode.top_k}: expected 0 (off) or more"),
+        (not 0 < decode.top_p <= 1, f"decode.top_p={decode.top_p}: expected 0 < top_p <= 1"),
+        (decode.max_src_len < 1, f"decode.max_src_len={decode.max_src_len}: expected a positive number"),
+        (decode.batch_size < 1 or decode.batch_tokens < 1, f"decode.batch_size={decode.batch_size}, decode.batch_tokens={decode.batch_tokens}: expected positive numbers"),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise NmtError(message)
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """model.eval() inside the block, the previous mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 class Translator:
-    """A model, its tokenizer and search settings."""
+    """A model, its tokenizer and search settings; `warn` receives one-line warnings (stderr by default)."""
 
-    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device):
-        if decode.beam < 1:
-            raise NmtError(f"decode.beam={decode.beam}: expected a positive beam size")
-        if decode.beam > 1:
-            raise NmtError(f"decode.beam={decode.beam}: beam search is not available yet; use decode.beam=1")
+    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device, warn: Callable[[str], None] | None = None):
+        check_decode(decode)
         self.model, self.tokenizer, self.decode, self.device = model, tokenizer, decode, device
+        self.warn = warn or (lambda message: print(message, file=sys.stderr))
+        self.generator = torch.Generator(device=device).manual_seed(decode.seed)
 
-    def search(self, src_ids: list[list[int]]) -> list[Hypothesis]:
-        """Decode one batch of encoded sentences (in the given order)."""
+    def search(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """Decode one batch of encoded sentences (in the given order); hypotheses best first."""
+        d = self.decode
         batch = make_batch(src_ids).to(self.device)
-        max_len = max_lengths(batch.src_mask, self.decode.max_len_a, self.decode.max_len_b)
-        return greedy_search(self.model, batch.src, batch.src_mask, max_len)
+        src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
+        if d.sampling:
+            return sample_search(self.model, src, mask, max_len, d.nbest, d.temperature, d.top_k, d.top_p, self.generator, d.min_len, d.alpha)
+        if d.beam == 1:
+            return [[h] for h in greedy_search(self.model, src, mask, max_len, d.min_len, d.alpha)]
+        return beam_search(self.model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest)
 
-    def batches(self, lines: list[str]) -> Iterator[tuple[list[int], list[Hypothesis]]]:
-        """(line indices, hypotheses) per batch; non-blank lines only, shortest first."""
+    def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
+        """Source ids per line, cut to decode.max_src_len with a warning naming the line (first_line is lines[0]'s number)."""
         ids = self.tokenizer.encode_src(lines)
-        order = sorted((i for i, line in enumerate(lines) if line.strip()), key=lambda i: len(ids[i]))
-        size = self.decode.batch_size
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for start in range(0, len(order), size):
-                chunk = order[start : start + size]
-                yield chunk, self.search([ids[i] for i in chunk])
-        finally:
-            self.model.train(was_training)
+        limit = self.decode.max_src_len
+        for i, seq in enumerate(ids):
+            if len(seq) > limit:
+                self.warn(f"warning: line {first_line + i}: {len(seq)} subword tokens, cut to decode.max_src_len={limit}")
+                ids[i] = seq[:limit]
+        return ids
+
+    def batches(self, ids: list[list[int]], rows: list[int]) -> Iterator[list[int]]:
+        """`rows` shortest first, in batches of at most batch_size sentences and batch_tokens beam rows x source tokens."""
+        width = self.decode.nbest if self.decode.sampling else self.decode.beam
+        batch: list[int] = []
+        for i in sorted(rows, key=lambda i: len(ids[i])):
+            if batch and (len(batch) == self.decode.batch_size or (len(batch) + 1) * (len(ids[i]) + 1) * width > self.decode.batch_tokens):
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    def translate_lines(self, lines: list[str], first_line: int = 1, progress: Callable[[int], None] | None = None) -> list[Translation]:
+        """One Translation per line, in input order; lines are searched shortest first."""
+        ids = self.encode(lines, first_line)
+        hyps: list[list[Hypothesis]] = [[] for _ in lines]
+        report = progress or (lambda n: None)
+        filled = [i for i, line in enumerate(lines) if line.strip()]
+        report(len(lines) - len(filled))
+        with eval_mode(self.model):
+            for batch in self.batches(ids, filled):
+                for i, found in zip(batch, self.search([ids[i] for i in batch])):
+                    hyps[i] = found
+                report(len(batch))
+        return [Translation(src, found) for src, found in zip(ids, hyps)]
+
+    def detokenize(self, hyps: list[Hypothesis]) -> list[str]:
+        return self.tokenizer.decode_tgt([h.tokens for h in hyps])
 
     def translate(self, lines: list[str], progress: Callable[[int], None] | None = None) -> list[str]:
-        """One detokenized output per input line, in input order."""
-        out = [""] * len(lines)
-        for chunk, hyps in self.batches(lines):
-            for i, text in zip(chunk, self.tokenizer.decode_tgt([h.tokens for h in hyps])):
-                out[i] = text
-            if progress is not None:
-                progress(len(chunk))
-        return out
+        """One detokenized best output per input line, in input order ("" for a blank line)."""
+        results = self.translate_lines(lines, progress=progress)
+        best = self.tokenizer.decode_tgt([r.hyps[0].tokens if r.hyps else [] for r in results])
+        return [text if r.hyps else "" for text, r in zip(best, results)]

@@ -103,3 +103,24 @@ def test_any_unicode_tsv_pairs_read_back(tmp_path, pairs):
     (tmp_path / "c.tsv").write_bytes("".join(f"{s}\t{t}\n" for s, t in pairs).encode("utf-8"))
     text = read_tsv(tmp_path / "c.tsv")
     assert list(zip(text.src, text.tgt)) == pairs
+
+
+@pytest.mark.parametrize("data", [b"a\r\n\nb \xce\xb1\n", b"a\n\nb \xce\xb1", "a\u2028x\n".encode(), b"", b"\n\n"])
+def test_streamed_lines_equal_read_lines(tmp_path, data):
+    from nmt.data.corpus import iter_lines
+
+    (tmp_path / "f.txt").write_bytes(data)
+    (tmp_path / "f.txt.gz").write_bytes(gzip.compress(data))
+    assert list(iter_lines(tmp_path / "f.txt")) == read_lines(tmp_path / "f.txt") == list(iter_lines(tmp_path / "f.txt.gz"))
+
+
+def test_streamed_lines_name_a_bad_line_and_a_missing_file(tmp_path):
+    from nmt.data.corpus import iter_lines
+
+    (tmp_path / "f.txt").write_bytes(b"ok\nok\nbad \xff\n")
+    lines = iter_lines(tmp_path / "f.txt")
+    assert next(lines) == "ok"
+    with pytest.raises(NmtError, match=r"f.txt:3: invalid UTF-8"):
+        list(lines)
+    with pytest.raises(NmtError, match="file not found"):
+        iter_lines(tmp_path / "missing.txt")  # at once, before the first line is asked for

@@ -1,26 +1,36 @@
-"""nmt-translate checkpoint=PATH [input=FILE] [output=FILE] [decode.beam=K ...]: translate a text file."""
+"""nmt-translate checkpoint=PATH [input=FILE] [output=FILE] [decode=beam ...]: translate a text file."""
 
 from __future__ import annotations
 
+import os
 import sys
-from contextlib import nullcontext
+from contextlib import ExitStack
+from itertools import islice
+from typing import IO, Iterator
 
 from tqdm import tqdm
 
 from nmt.cli.common import compose, print_help, run
-from nmt.config import Config, DecodeConfig
-from nmt.data.corpus import decode_utf8, read_lines, split_lines
+from nmt.config import Config, DecodeConfig, TranslateConfig
+from nmt.data.corpus import iter_lines
+from nmt.errors import NmtError
 from nmt.fileio import atomic_open
 from nmt.runtime import resolve_device
-from nmt.translation import Translator
+from nmt.translation import Translation, Translator
 
 USAGE = """
-usage: nmt-translate checkpoint=PATH [input=FILE] [output=FILE] [decode.beam=K] [decode.batch_size=N]
+usage: nmt-translate checkpoint=PATH [input=FILE] [output=FILE] [decode=greedy|beam|sampling] [decode.KEY=VALUE ...]
+                     [attention_out=FILE.jsonl|FILE.npz] [plot_dir=DIR plot_n=N] [chunk_size=N]
 
 Translate one sentence per line; reads stdin and writes stdout unless input/output are given.
-Every input line gives one output line (empty lines stay empty), in order. checkpoint may be a
-checkpoint file or a run dir (its best checkpoint). Examples:
+Every input line gives one output line (empty lines stay empty), in order; with decode.nbest=N > 1,
+N lines `index<TAB>score<TAB>text` per input line (index counts lines from 0, score is the
+length-normalised log-probability). checkpoint may be a checkpoint file or a run dir. Examples:
   nmt-translate checkpoint=runs/quickstart input=data/toy/test.src output=test.hyp
+  nmt-translate checkpoint=runs/quickstart decode=beam decode.beam=5 decode.alpha=0.6 input=test.src output=test.hyp
+  nmt-translate checkpoint=runs/quickstart decode=beam decode.nbest=5 input=test.src output=test.nbest
+  nmt-translate checkpoint=runs/quickstart decode=sampling decode.top_p=0.9 decode.nbest=3 input=test.src
+  nmt-translate checkpoint=runs/quickstart input=test.src output=test.hyp attention_out=test.attn.jsonl plot_dir=plots
   echo "ze bosize dibope" | nmt-translate checkpoint=runs/quickstart
 """
 
@@ -34,27 +44,72 @@ def load_translator(checkpoint: str, decode: DecodeConfig, device_name: str) -> 
     return Translator(model, tokenizer, decode, device), train_cfg
 
 
-def read_input(path: str | None) -> list[str]:
-    """Lines of a file, or of stdin when path is None."""
-    if path is None:
-        return split_lines(decode_utf8(sys.stdin.buffer.read(), "<stdin>"))
-    return read_lines(path)
+def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    """Consecutive lists of `size` lines (the last may be shorter)."""
+    while chunk := list(islice(lines, size)):
+        yield chunk
 
 
-def main(argv: list[str]) -> None:
+def one_line(text: str) -> str:
+    """Output text that cannot split a line or a field."""
+    return text.replace("\n", " ").replace("\r", " ").replace("\t", " ")
+
+
+def output_lines(translator: Translator, results: list[Translation], first_index: int, nbest: int) -> Iterator[str]:
+    """The best text per result; with nbest > 1, `index<TAB>score<TAB>text` per hypothesis (nbest lines for a blank)."""
+    texts = iter(translator.detokenize([h for r in results for h in r.hyps]))
+    for index, result in enumerate(results, first_index):
+        if nbest == 1:
+            yield one_line(next(texts)) if result.hyps else ""
+            continue
+        if not result.hyps:
+            yield from (f"{index}\t0.0000\t" for _ in range(nbest))
+        for hyp in result.hyps:
+            yield f"{index}\t{hyp.norm_score:.4f}\t{one_line(next(texts))}"
+
+
+def check(cfg: TranslateConfig) -> None:
+    if cfg.chunk_size < 1:
+        raise NmtError(f"chunk_size={cfg.chunk_size}: expected a positive number of lines")
+    if cfg.plot_n < 0:
+        raise NmtError(f"plot_n={cfg.plot_n}: expected 0 or more")
+
+
+def translate_stream(cfg: TranslateConfig, translator: Translator, lines: Iterator[str], out: IO[str], stack: ExitStack) -> None:
+    """Translate and write `chunk_size` lines at a time; attention records and plots as asked."""
+    from nmt.attention_io import HeatMaps, attention_record, attention_writer
+
+    attention = stack.enter_context(attention_writer(cfg.attention_out)) if cfg.attention_out else None
+    plots = HeatMaps(cfg.plot_dir, cfg.plot_n) if cfg.plot_dir else None
+    bar = stack.enter_context(tqdm(unit="sent", file=sys.stderr, disable=None if cfg.output and cfg.progress else True))
+    first = 0
+    for chunk in chunks(lines, cfg.chunk_size):
+        results = translator.translate_lines(chunk, first_line=first + 1, progress=bar.update)
+        out.writelines(line + "\n" for line in output_lines(translator, results, first, cfg.decode.nbest))
+        out.flush()
+        for index, result in enumerate(results, first):
+            record = attention_record(index, result, translator.tokenizer) if attention or plots else None
+            if attention is not None:
+                attention.write(record)
+            if plots is not None:
+                plots.write(record)
+        first += len(chunk)
+
+
+def main(argv: list[str]) -> int | None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     cfg = compose("translate", argv)
+    check(cfg)
     translator, _ = load_translator(cfg.checkpoint, cfg.decode, cfg.device)
-    lines = read_input(cfg.input)
-    to_file = cfg.output is not None
-    out = atomic_open(cfg.output, "w", key="output") if to_file else nullcontext(sys.stdout)
-    bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=None if to_file and cfg.progress else True)
-    with out as f:
-        for start in range(0, len(lines), cfg.chunk_size):
-            for text in translator.translate(lines[start : start + cfg.chunk_size], progress=bar.update):
-                f.write(text + "\n")
-    bar.close()
+    lines = iter_lines(cfg.input)
+    try:
+        with ExitStack() as stack:
+            out = stack.enter_context(atomic_open(cfg.output, "w", key="output")) if cfg.output else sys.stdout
+            translate_stream(cfg, translator, lines, out, stack)
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as other filters do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def entry() -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
+import sys
 from pathlib import Path
+from typing import IO, Iterator
 
 from nmt.errors import NmtError
 
@@ -62,6 +64,42 @@ def read_lines(path: str | Path) -> list[str]:
     """All lines of a plain or gzipped UTF-8 text file."""
     path = Path(path)
     return split_lines(decode_utf8(_read_bytes(path), str(path)))
+
+
+def _decoded_lines(stream: IO[bytes], origin: str) -> Iterator[str]:
+    """Lines of a byte stream read one at a time, split on b"\\n" only, "\\r" endings removed."""
+    for number, raw in enumerate(stream, 1):
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        line = line[:-1] if line.endswith(b"\r") else line
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise NmtError(f"{origin}:{number}: invalid UTF-8 (byte 0x{line[err.start]:02x}); expected UTF-8 text") from None
+
+
+def iter_lines(path: str | Path | None) -> Iterator[str]:
+    """Lines of a plain or gzipped UTF-8 text file (stdin when path is None), streamed: never all in memory.
+
+    A missing file fails here, before the first line is asked for.
+    """
+    if path is None:
+        return _decoded_lines(sys.stdin.buffer, "<stdin>")
+    path = Path(path)
+    if not path.exists():
+        raise NmtError(f"{path}: file not found")
+    if path.is_dir():
+        raise NmtError(f"{path}: is a directory, expected a text file")
+    return _file_lines(path)
+
+
+def _file_lines(path: Path) -> Iterator[str]:
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as stream:
+            yield from _decoded_lines(stream, str(path))
+    except PermissionError:
+        raise NmtError(f"{path}: permission denied") from None
+    except (OSError, EOFError) as err:
+        raise NmtError(f"{path}: cannot read ({err})") from None
 
 
 def side_path(prefix: str, lang: str) -> Path:
