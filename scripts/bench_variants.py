@@ -98,7 +98,10 @@ def bench_toy(args: argparse.Namespace, names: list[str], seeds: list[int]) -> s
 def bench_m30k(args: argparse.Namespace, names: list[str]) -> str:
     rows, base = [], None
     for name in names:
-        speeds = [run(VARIANTS[name] + m30k_argv(args) + [f"train.seed={s}"], args.work / "m30k" / f"{name}_s{s}")["train_tokens_per_s"] for s in range(1, args.m30k_repeats + 1)]
+        speeds = [
+            run(VARIANTS[name] + m30k_argv(args) + [f"train.seed={seed}"], args.work / "m30k" / f"{name}_s{seed}")["train_tokens_per_s"]
+            for seed in range(1, args.m30k_repeats + 1)
+        ]
         speed = statistics.median(speeds)
         base = base or speed
         rows.append([name, " ".join(VARIANTS[name]), f"{speed:.0f}", f"{speed / base:.2f}"])

@@ -254,7 +254,10 @@ def check_attention(score: str, window: str, kind: str) -> None:
         if value not in valid:
             raise NmtError(f"model.{key}={value}: unknown; expected one of {', '.join(valid)}")
     if score == "location" and window != "global":
-        raise NmtError(f"model.score=location with model.window={window}: location attention is global only (it scores absolute positions); use another score or window=global")
+        raise NmtError(
+            f"model.score=location with model.window={window}: location attention is global only "
+            "(it scores absolute positions); use another score or window=global"
+        )
 
 
 def make_attention(
