@@ -76,6 +76,23 @@ def test_padding_does_not_change_a_sentence(name):
         assert hyp.score == pytest.approx(searched[row].score, abs=1e-4)
 
 
+@pytest.mark.parametrize("name", VARIANTS)
+def test_beam_search_reorders_the_rnn_state(name):
+    """beam 1 == greedy; beam 3 gives a sentence the same hypotheses alone as in a padded batch."""
+    from nmt.search import beam_search
+
+    model, batch = tiny(name), random_batch()
+    limit = torch.full((3,), 8)
+    greedy = greedy_search(model, batch.src, batch.src_mask, limit)
+    assert [h[0].tokens for h in beam_search(model, batch.src, batch.src_mask, limit, k=1)] == [h.tokens for h in greedy]
+    together = beam_search(model, batch.src, batch.src_mask, limit, k=3, nbest=3)
+    for row in range(3):
+        s = int(batch.src_mask[row].sum())
+        alone = beam_search(model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limit[:1], k=3, nbest=3)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[row]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in together[row]], abs=1e-4)
+
+
 @pytest.mark.parametrize("name", ["bahdanau", "luong_local_p", "hard"])
 def test_weights_round_trip_through_a_state_dict(name):
     """What a checkpoint does: rebuild from the config, load the weights (tied ones included), same outputs."""
