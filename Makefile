@@ -15,7 +15,9 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $@
 
+# nmt-train refuses a run dir that holds checkpoints (resume= continues one), so a second quickstart starts afresh.
 quickstart: venv
+	rm -rf $(RUN)
 	$(BIN)/nmt-train experiment=quickstart run_dir=$(RUN)
 	$(BIN)/nmt-translate checkpoint=$(RUN) input=data/toy/test.src output=$(RUN)/test.hyp
 	$(BIN)/nmt-evaluate hyp=$(RUN)/test.hyp ref=data/toy/test.tgt

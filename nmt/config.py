@@ -37,17 +37,38 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """Architecture; `arch` picks the builder in nmt.models.seq2seq.BUILDERS."""
+    """Architecture; `arch` picks the builder in nmt.models.seq2seq.BUILDERS.
 
-    arch: str = "transformer"
-    dim: int = 256
-    layers: int = 3
-    heads: int = 4
-    ffn_dim: int = 1024
+    One flat schema for every arch: each key says which archs read it (the others ignore it).
+    """
+
+    arch: str = "transformer"  # transformer | bahdanau | luong
+    dim: int = 256  # model width: Transformer d_model; RNN decoder state and encoder output (both directions together)
+    layers: int = 3  # Transformer layers per stack; RNN layers in the encoder and in the decoder
+    heads: int = 4  # transformer: attention heads
+    ffn_dim: int = 1024  # transformer: feed-forward inner size
     dropout: float = 0.1
-    norm: str = "pre"  # pre | post (layer norm before or after each sub-layer)
-    scale: bool = True  # divide attention scores by sqrt(d_head)
+    norm: str = "pre"  # transformer: pre | post (layer norm before or after each sub-layer)
+    scale: bool = True  # transformer: divide attention scores by sqrt(d_head)
     tie_embeddings: bool = True  # target input/output; source too when the vocabulary is joint
+    # --- RNN encoder-decoders (bahdanau, luong) ---
+    embed_dim: Optional[int] = None  # token embedding size (None: same as dim)
+    cell: str = "lstm"  # gru | lstm
+    bidirectional: bool = True  # encoder reads both ways; each direction gets dim / 2
+    bridge: str = "bridge"  # initial decoder state: bridge (tanh(W h_enc_final)) | zero
+    score: str = "general"  # additive | dot | general | concat | location (nmt.models.attention.SCORES)
+    window: str = "global"  # global | local_m | local_p (Luong et al. 2015, sec. 3.2)
+    window_size: int = 10  # D: local windows cover [p_t - D, p_t + D]; local-p's Gaussian has sigma = D / 2
+    input_feeding: bool = True  # luong: feed the attentional vector h~_{t-1} into the next RNN input
+    attention: str = "soft"  # soft | hard (one sampled source position per step, straight-through Gumbel-softmax)
+    gumbel_tau: float = 1.0  # hard: temperature of the Gumbel-softmax relaxation behind the gradients
+    max_src_len: int = 256  # location score: one weight row per source position; later positions share the last
+
+    def __post_init__(self) -> None:
+        """An unknown name or impossible combination fails at composition, with the valid choices listed."""
+        from nmt.models.seq2seq import check_model_config
+
+        check_model_config(self)
 
 
 @dataclass
@@ -64,6 +85,11 @@ class TrainConfig:
     clip_norm: float = 1.0
     valid_every: int = 1000
     save_every: int = 1000
+    keep_last: int = 3  # the newest N step checkpoints kept (checkpoints/step_N.pt; last.pt is the newest)
+    keep_best: int = 1  # the best M step checkpoints by early_stop_metric also kept (best.pt is the best)
+    early_stop_metric: str = "bleu"  # bleu | chrf | loss: the validation score that picks best.pt and drives patience
+    patience: Optional[int] = None  # stop after this many validations in a row without a new best (None: never)
+    max_bad_steps: int = 5  # stop after this many updates in a row skipped for a non-finite loss or gradient
     valid_bleu_sentences: Optional[int] = None  # translate only the first N validation sentences for BLEU
     log_every: int = 50
     seed: int = 1
@@ -101,7 +127,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     run_dir: Optional[str] = None  # default: outputs/DATE/TIME
-    resume: Optional[str] = None  # a run dir to continue
+    resume: Optional[str] = None  # a run dir to continue exactly from its checkpoints/last.pt
+    init_from: Optional[str] = None  # a checkpoint (or run dir) whose weights and tokenizer start a new run (fine-tuning)
 
 
 @dataclass
@@ -135,6 +162,15 @@ class EvaluateConfig:
     progress: bool = True
 
 
+@dataclass
+class AverageConfig:
+    """nmt-average: the weights of a run's newest step checkpoints averaged into one checkpoint."""
+
+    run: str = MISSING  # a run dir written by nmt-train
+    last: int = 3  # how many of its newest checkpoints/step_N.pt to average
+    output: Optional[str] = None  # default: RUN/checkpoints/average.pt
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (the recipes' `defaults` name them)."""
     from hydra.core.config_store import ConfigStore
@@ -143,6 +179,7 @@ def register_configs() -> None:
     store.store(name="base_config", node=Config)
     store.store(name="base_translate", node=TranslateConfig)
     store.store(name="base_evaluate", node=EvaluateConfig)
+    store.store(name="base_average", node=AverageConfig)
 
 
 def to_object(cfg: DictConfig):

@@ -10,6 +10,20 @@ from typing import IO, Iterator
 from nmt.errors import NmtError
 
 
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "w", key: str = "output") -> Iterator[IO]:
     """Open a temporary file beside `path`; on success flush, fsync and rename it over `path`.
@@ -20,6 +34,8 @@ def atomic_open(path: str | Path, mode: str = "w", key: str = "output") -> Itera
     path = Path(path)
     if not path.parent.is_dir():
         raise NmtError(f"{key}={path}: directory {path.parent} does not exist")
+    if path.is_dir():
+        raise NmtError(f"{key}={path}: is a directory, expected a file name")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         text = "b" not in mode
@@ -28,6 +44,7 @@ def atomic_open(path: str | Path, mode: str = "w", key: str = "output") -> Itera
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except OSError as err:
         raise NmtError(f"{key}={path}: cannot write ({err.strerror or err})") from None
     finally:

@@ -1,4 +1,4 @@
-"""Process-wide set-up: devices and seeds."""
+"""Process-wide set-up: devices, seeds, and the random generator states that exact resume restores."""
 
 from __future__ import annotations
 
@@ -20,3 +20,30 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """Python, NumPy and torch (CPU, and CUDA when in use) generator states.
+
+    Only plain values and tensors, so a checkpoint holding them loads with `torch.load(weights_only=True)`.
+    """
+    numpy = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),
+        "numpy": {**numpy, "state": {"key": numpy["state"]["key"].tolist(), "pos": int(numpy["state"]["pos"])}},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` returned (tensors may come back on any device)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = state["numpy"]
+    np.random.set_state({**numpy, "state": {"key": np.asarray(numpy["state"]["key"], dtype=np.uint32), "pos": numpy["state"]["pos"]}})
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

@@ -2,6 +2,8 @@ import gzip
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nmt.data.corpus import read_jsonl, read_lines, read_parallel, read_text_pair, read_tsv
 from nmt.errors import NmtError
@@ -69,6 +71,38 @@ def test_hf_dataset_from_local_folder(tmp_path):
     assert read_hf(str(tmp_path / "hf"), "valid", "en", "de").tgt == ["x", "y"]
     with pytest.raises(NmtError, match="no test split"):
         read_hf(str(tmp_path / "hf"), "test", "en", "de")
+
+
+# --- properties: whatever Unicode text is written, one line per "\n" reads back unchanged ------------
+# Any character but "\n" (and lone surrogates, which UTF-8 cannot encode), with the other line breaks
+# str.splitlines() would split on (\r, \u2028, \u2029, \x85, \x0b, \x0c, \x1c) and a BOM drawn often.
+CHARS = st.one_of(st.characters(exclude_categories=("Cs",), exclude_characters="\n"), st.sampled_from("\r\t\u2028\u2029\x85\x0b\x0c\x1c\ufeff "))
+LINE = st.text(CHARS, max_size=30).filter(lambda line: not line.endswith("\r"))  # a final "\r" is read as part of "\r\n"
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@SETTINGS
+@given(lines=st.lists(LINE, max_size=12), crlf=st.booleans(), gz=st.booleans(), final_newline=st.booleans())
+def test_any_unicode_lines_read_back_line_for_line(tmp_path, lines, crlf, gz, final_newline):
+    end = "\r\n" if crlf else "\n"
+    text = "".join(line + end for line in lines)
+    if not final_newline and lines and lines[-1]:
+        text = text[: -len(end)]  # no newline after the last line
+    data = text.encode("utf-8")
+    path = tmp_path / ("c.txt.gz" if gz else "c.txt")
+    path.write_bytes(gzip.compress(data) if gz else data)
+    assert read_lines(path) == lines
+
+
+FIELD = st.text(CHARS.filter(lambda c: c != "\t"), max_size=20)
+
+
+@SETTINGS
+@given(pairs=st.lists(st.tuples(FIELD, FIELD.filter(lambda t: not t.endswith("\r"))), max_size=10))
+def test_any_unicode_tsv_pairs_read_back(tmp_path, pairs):
+    (tmp_path / "c.tsv").write_bytes("".join(f"{s}\t{t}\n" for s, t in pairs).encode("utf-8"))
+    text = read_tsv(tmp_path / "c.tsv")
+    assert list(zip(text.src, text.tgt)) == pairs
 
 
 @pytest.mark.parametrize("data", [b"a\r\n\nb \xce\xb1\n", b"a\n\nb \xce\xb1", "a\u2028x\n".encode(), b"", b"\n\n"])

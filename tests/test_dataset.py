@@ -47,3 +47,16 @@ def test_cache_is_reused_until_the_text_changes(tmp_path):
     write(tmp_path / "c.de", ["die katze", "ein hund", "der vogel!"] * 4)
     third = prepare_data(config(tmp_path), log=logs.append)
     assert third.cache_path != first.cache_path and "reusing" not in logs[-1]
+
+
+def test_a_datasets_folder_feeds_the_pipeline(tmp_path):
+    import datasets
+
+    rows = {"translation": [{"en": f"the cat {i}", "de": f"die katze {i}"} for i in range(20)]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)}).save_to_disk(
+        str(tmp_path / "hf")
+    )
+    cfg = DataConfig(hf=str(tmp_path / "hf"), src="en", tgt="de", vocab_size=40, cache_dir=str(tmp_path / "cache"))
+    prepared = prepare_data(cfg, log=lambda _: None)
+    assert set(prepared.splits) == {"train", "test"}  # no validation split in this dataset
+    assert prepared.tokenizer.decode_tgt(prepared.splits["train"].tgt_ids[:1]) == ["die katze 0"]

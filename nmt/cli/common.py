@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Callable
 
-from nmt.config import register_configs, to_object
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from nmt.config import AverageConfig, Config, EvaluateConfig, TranslateConfig, register_configs, to_object
 from nmt.errors import NmtError
+
+
+# The schema behind each top-level recipe, to list the valid keys when an override names an unknown one.
+SCHEMAS = {"config": Config, "translate": TranslateConfig, "evaluate": EvaluateConfig, "average": AverageConfig}
 
 
 def recipes_dir() -> Path:
@@ -27,15 +35,44 @@ def compose(config_name: str, overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     try:
         with initialize_config_dir(str(recipes_dir()), version_base="1.3", job_name="nmt"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
-        return to_object(cfg)
+        obj = to_object(cfg)
     except (HydraException, OmegaConfBaseException) as err:
-        raise NmtError(_one_line(str(err))) from None
+        raise NmtError(compose_error(err, config_name)) from None
+    check_known_keys(obj)
+    return obj
+
+
+def check_known_keys(obj: object, path: str = "") -> None:
+    """Refuse keys the schema lacks (a `+KEY=VALUE` override adds them without complaint)."""
+    known = [f.name for f in fields(obj)]
+    for name, value in vars(obj).items():
+        if name not in known:
+            where = f"in {path.rstrip('.')}" if path else "at the top level"
+            raise NmtError(f"{path}{name}: unknown key '{name}'; valid keys {where}: {', '.join(known)}")
+        if is_dataclass(value):
+            check_known_keys(value, f"{path}{name}.")
+
+
+def compose_error(err: Exception, config_name: str) -> str:
+    """One line for a composition error: the key, what is wrong, and for an unknown key the valid ones."""
+    cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
+    key = getattr(cause, "full_key", None)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and config_name in SCHEMAS:
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.structured(SCHEMAS[config_name])
+        keys = OmegaConf.select(node, parent) if parent else node
+        if isinstance(keys, DictConfig):
+            where = f"in {parent}" if parent else "at the top level"
+            return f"{key}: unknown key '{name}'; valid keys {where}: {', '.join(keys)}"
+    message = _one_line(str(err))
+    if cause is not err:
+        message += f": {str(cause).splitlines()[0]}"
+    return message
 
 
 def group_options() -> dict[str, list[str]]:

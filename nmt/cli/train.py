@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from nmt.cli.common import compose, print_help, run
-from nmt.config import Config, config_from_yaml
+from nmt.config import Config
 from nmt.errors import NmtError
 
 USAGE = """
@@ -19,8 +19,15 @@ Train a model from the recipes. Examples:
   nmt-train experiment=quickstart run_dir=runs/quickstart
   nmt-train data=multi30k_en_de data.root=../shared/data/multi30k model=transformer train.max_steps=2000
   nmt-train data=parallel data.train=corpus/train data.valid=corpus/dev data.src=en data.tgt=de
-  nmt-train resume=runs/quickstart train.max_steps=4000     (continue a run)
+  nmt-train resume=runs/quickstart train.max_steps=4000     (continue a run exactly where it stopped)
+  nmt-train init_from=runs/quickstart data=parallel data.train=corpus/train run_dir=runs/tuned
+                                                           (fine-tune: its weights, a fresh optimizer)
 """
+
+# Settings a checkpoint's weights and vocabulary depend on: they cannot change on resume or init_from.
+VOCABULARY_KEYS = ("data.vocab_size", "data.spm_model", "data.joint_vocab")
+FREE_MODEL_KEYS = ("model.dropout",)
+RUN_KEYS = ("resume", "init_from", "run_dir")
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -39,46 +46,91 @@ def config_differences(old: Config, new: Config) -> list[str]:
     return [f"{key}: {a.get(key)} -> {b.get(key)}" for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
 
 
-def resume_config(run_dir: Path, overrides: list[str]) -> Config:
-    """The run's saved config, with KEY=VALUE overrides applied (groups cannot change on resume)."""
-    saved_path = run_dir / "config.yaml"
-    if not saved_path.is_file():
-        raise NmtError(f"resume={run_dir}: no config.yaml there; expected a run dir written by nmt-train")
-    saved = config_from_yaml(saved_path.read_text(encoding="utf-8"))
+def fixed_keys(cfg: Config) -> list[str]:
+    """The flattened keys a checkpoint's weights and tokenizer fix: the model's shape and the vocabulary."""
+    return [k for k in _flatten(asdict(cfg)) if (k.startswith("model.") and k not in FREE_MODEL_KEYS) or k in VOCABULARY_KEYS]
+
+
+def mismatches(saved: Config, asked: Config, keys: list[str]) -> list[str]:
+    """`key is X in the checkpoint, Y asked` for each of `keys` that differs."""
+    a, b = _flatten(asdict(saved)), _flatten(asdict(asked))
+    return [f"{k} is {a.get(k)} in the checkpoint, {b.get(k)} asked" for k in keys if a.get(k) != b.get(k)]
+
+
+def print_differences(label: str, saved: Config, cfg: Config) -> None:
+    for line in config_differences(saved, cfg):
+        if line.split(":")[0] not in RUN_KEYS:
+            print(f"{label}: setting differs from the checkpoint: {line}")
+
+
+def resume_config(run_dir: Path, overrides: list[str], saved: Config) -> Config:
+    """The run's checkpointed config with KEY.SUB=VALUE overrides (groups, model shape and vocabulary stay)."""
     keys = [o for o in overrides if not o.startswith("resume=")]
     if bad := [o for o in keys if "." not in o.split("=")[0] and not o.startswith("run_dir=")]:
         raise NmtError(f"resume: cannot change a recipe group on resume ({', '.join(bad)}); only KEY.SUB=VALUE overrides")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(saved), OmegaConf.from_dotlist(keys))
         cfg = OmegaConf.to_object(merged)
-    except Exception as err:  # omegaconf validation errors name the key
-        raise NmtError(f"resume: {str(err).splitlines()[0]}") from None
-    cfg.resume, cfg.run_dir = str(run_dir), str(run_dir)
-    for line in config_differences(saved, cfg):
-        if not line.startswith(("resume:", "run_dir:")):
-            print(f"resume: setting changed: {line}")
+    except Exception as err:  # omegaconf validation errors carry the key
+        key = getattr(err, "full_key", None)
+        raise NmtError(f"resume: {key + ': ' if key else ''}{str(err).splitlines()[0]}") from None
+    if bad := mismatches(saved, cfg, fixed_keys(saved)):
+        raise NmtError(f"resume={run_dir}: cannot change what the weights depend on: {'; '.join(bad)}")
+    cfg.resume, cfg.init_from = str(run_dir), None
+    cfg.run_dir = cfg.run_dir if any(o.startswith("run_dir=") for o in keys) else str(run_dir)
+    print_differences("resume", saved, cfg)
+    return cfg
+
+
+def _explicit_keys(overrides: list[str], cfg: Config) -> set[str]:
+    """The flattened keys the command line sets, directly or through a `model=NAME` group."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    if "model" in keys:
+        keys |= {k for k in _flatten(asdict(cfg)) if k.startswith("model.")}
+    return keys
+
+
+def init_from_config(cfg: Config, overrides: list[str], saved: Config) -> Config:
+    """The new run's config with the checkpoint's model shape and vocabulary settings.
+
+    Recipe defaults yield to the checkpoint; a value set on the command line that differs is an error.
+    """
+    explicit = _explicit_keys(overrides, cfg)
+    fixed = fixed_keys(saved)
+    if bad := mismatches(saved, cfg, [k for k in fixed if k in explicit]):
+        raise NmtError(f"init_from={cfg.init_from}: the checkpoint does not match the model asked for: {'; '.join(bad)} "
+                       "(fine-tuning keeps the checkpoint's architecture and vocabulary; drop these overrides)")
+    cfg.model = replace(saved.model, **{k.split(".", 1)[1]: getattr(cfg.model, k.split(".", 1)[1]) for k in FREE_MODEL_KEYS})
+    for key in VOCABULARY_KEYS:
+        name = key.split(".", 1)[1]
+        setattr(cfg.data, name, getattr(saved.data, name))
+    print_differences("init_from", saved, cfg)
     return cfg
 
 
 def main(argv: list[str]) -> None:
-    from nmt.training.checkpoint import LAST
+    from nmt.training.checkpoint import LAST, checkpoint_config, load_checkpoint
     from nmt.training.trainer import Trainer
 
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
+    payload = None
     if resume:
-        cfg = resume_config(Path(resume), argv)
+        if any(a.startswith("init_from=") for a in argv):
+            raise NmtError("resume= and init_from= do not go together: resume continues a run, init_from starts a new one from a checkpoint")
         last = Path(resume) / "checkpoints" / LAST
         if not last.is_file():
-            raise NmtError(f"resume={resume}: no checkpoints/{LAST} to resume from")
+            raise NmtError(f"resume={resume}: no checkpoints/{LAST} there; expected a run dir written by nmt-train")
+        payload = load_checkpoint(last)
+        cfg = resume_config(Path(resume), argv, checkpoint_config(payload))
     else:
         cfg = compose("config", argv)
+        if cfg.init_from:
+            payload = load_checkpoint(cfg.init_from)
+            cfg = init_from_config(cfg, argv, checkpoint_config(payload))
     run_dir = Path(cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))
-    trainer = Trainer(cfg, run_dir)
-    if resume:
-        trainer.restore(last)
-    trainer.fit()
+    Trainer(cfg, run_dir, checkpoint=payload).fit()
     print(f"run dir: {run_dir}")
 
 

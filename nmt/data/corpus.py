@@ -160,8 +160,11 @@ def read_jsonl(path: str | Path, src: str, tgt: str) -> ParallelText:
 HF_SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
 
 
-def read_hf(name: str, split: str, src: str, tgt: str) -> ParallelText:
-    """A split of a `datasets` dataset: a local `save_to_disk` folder, or a hub name (needs a network)."""
+def read_hf(name: str, split: str, src: str, tgt: str, optional: bool = False) -> ParallelText | None:
+    """A split of a `datasets` dataset: a local `save_to_disk` folder, or a hub name (needs a network).
+
+    A missing split is an error, or None when `optional`.
+    """
     import datasets
 
     try:
@@ -173,6 +176,8 @@ def read_hf(name: str, split: str, src: str, tgt: str) -> ParallelText:
         raise NmtError(f"data.hf={name}: cannot load dataset ({type(err).__name__}: {err})") from None
     if isinstance(dataset, datasets.DatasetDict):
         names = [n for n in HF_SPLIT_NAMES[split] if n in dataset]
+        if not names and optional:
+            return None
         if not names:
             raise NmtError(f"data.hf={name}: no {split} split; found {sorted(dataset)}")
         dataset = dataset[names[0]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,7 +57,7 @@ def ensure_synthetic(data: DataConfig) -> None:
 def read_split(data: DataConfig, split: str) -> ParallelText | None:
     """The raw text of one split, or None when the config names none."""
     if data.hf is not None:
-        return read_hf(data.hf, split, data.src, data.tgt)
+        return read_hf(data.hf, split, data.src, data.tgt, optional=split != "train")
     spec = {"train": data.train, "valid": data.valid, "test": data.test}[split]
     return None if spec is None else read_parallel(spec, data.src, data.tgt)
 
@@ -79,9 +80,11 @@ def filter_pairs(
     return keep, removed
 
 
-def _cache_key(data: DataConfig, texts: dict[str, ParallelText]) -> str:
+def _cache_key(data: DataConfig, texts: dict[str, ParallelText], tokenizer: Tokenizer | None = None) -> str:
     settings = {k: v for k, v in asdict(data).items() if k in ("max_len", "max_ratio", "vocab_size", "spm_model", "joint_vocab")}
     digest = hashlib.sha256(json.dumps([CACHE_VERSION, settings], sort_keys=True).encode())
+    for model in (tokenizer.state().values() if tokenizer is not None else ()):
+        digest.update(model)
     for split in SPLITS:
         if split in texts:
             digest.update(split.encode())
@@ -98,16 +101,20 @@ def _encode(tokenizer: Tokenizer, text: ParallelText) -> Split:
 def _save(path: Path, tokenizer: Tokenizer, splits: dict[str, Split]) -> None:
     import datasets
 
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # per process: two runs may fill one cache at once
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for side, model in tokenizer.state().items():
-        (tmp / f"{side}.model").write_bytes(model)
-    for name, split in splits.items():
-        columns = {"src_ids": split.src_ids, "tgt_ids": split.tgt_ids, "src_text": split.src_text, "tgt_text": split.tgt_text}
-        datasets.Dataset.from_dict(columns).save_to_disk(str(tmp / name))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    try:
+        tmp.mkdir(parents=True)
+        for side, model in tokenizer.state().items():
+            (tmp / f"{side}.model").write_bytes(model)
+        for name, split in splits.items():
+            columns = {"src_ids": split.src_ids, "tgt_ids": split.tgt_ids, "src_text": split.src_text, "tgt_text": split.tgt_text}
+            datasets.Dataset.from_dict(columns).save_to_disk(str(tmp / name))
+        tmp.rename(path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not path.is_dir():  # unless another process finished the same cache first
+            raise
 
 
 def _load(path: Path) -> tuple[Tokenizer, dict[str, Split]]:
@@ -123,8 +130,16 @@ def _load(path: Path) -> tuple[Tokenizer, dict[str, Split]]:
     return tokenizer, splits
 
 
-def prepare_data(data: DataConfig, log: Callable[[str], None] = print) -> PreparedData:
-    """Read, validate, tokenize, filter and cache the splits a data config names."""
+def _holds_tokenizer(path: Path, tokenizer: Tokenizer) -> bool:
+    """Whether the cache at `path` was encoded with exactly this tokenizer."""
+    return all((path / f"{side}.model").is_file() and (path / f"{side}.model").read_bytes() == model for side, model in tokenizer.state().items())
+
+
+def prepare_data(data: DataConfig, log: Callable[[str], None] = print, tokenizer: Tokenizer | None = None) -> PreparedData:
+    """Read, validate, tokenize, filter and cache the splits a data config names.
+
+    A given `tokenizer` (a checkpoint's, on resume or init_from) is used instead of training one.
+    """
     import datasets
 
     datasets.disable_progress_bars()
@@ -133,14 +148,19 @@ def prepare_data(data: DataConfig, log: Callable[[str], None] = print) -> Prepar
     if not texts["train"].src:
         raise NmtError(f"{texts['train'].origin}: the training corpus is empty")
     path = Path(data.cache_dir) / _cache_key(data, texts)
+    if tokenizer is not None and not (path.exists() and _holds_tokenizer(path, tokenizer)):
+        path = Path(data.cache_dir) / _cache_key(data, texts, tokenizer)
     if path.exists():
         tokenizer, splits = _load(path)
         log(f"data: reusing cache {path} ({', '.join(f'{k} {len(v)}' for k, v in splits.items())} pairs)")
         return PreparedData(tokenizer, splits, path)
 
     train = texts["train"]
-    tokenizer = Tokenizer.train(train.src, train.tgt, data.vocab_size, data.spm_model, data.joint_vocab)
-    log(f"data: trained {data.spm_model} tokenizer, vocab {tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}")
+    if tokenizer is None:
+        tokenizer = Tokenizer.train(train.src, train.tgt, data.vocab_size, data.spm_model, data.joint_vocab)
+        log(f"data: trained {data.spm_model} tokenizer, vocab {tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}")
+    else:
+        log(f"data: using the checkpoint's tokenizer, vocab {tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}")
     splits = {name: _encode(tokenizer, text) for name, text in texts.items()}
     encoded = splits["train"]
     keep, removed = filter_pairs(encoded.src_ids, encoded.tgt_ids, data.max_len, data.max_ratio)
@@ -149,5 +169,8 @@ def prepare_data(data: DataConfig, log: Callable[[str], None] = print) -> Prepar
         raise NmtError(f"{train.origin}: no training pairs left after filtering {len(encoded)} pairs ({summary})")
     log(f"data: train {len(encoded)} pairs, kept {len(keep)} ({summary})")
     splits["train"] = Split(*([column[i] for i in keep] for column in (encoded.src_ids, encoded.tgt_ids, train.src, train.tgt)))
-    _save(path, tokenizer, splits)
+    try:
+        _save(path, tokenizer, splits)
+    except OSError as err:
+        raise NmtError(f"data.cache_dir={data.cache_dir}: cannot write the dataset cache ({err.strerror or err})") from None
     return PreparedData(tokenizer, splits, path)

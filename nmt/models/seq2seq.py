@@ -71,13 +71,51 @@ def _build_transformer(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: 
     )
 
 
+def _build_rnn(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:
+    from nmt.models.rnn import build_rnn
+
+    return build_rnn(
+        decoder=cfg.arch,
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        share_src_embeddings=joint and cfg.tie_embeddings,
+        cell=cfg.cell,
+        embed_dim=cfg.dim if cfg.embed_dim is None else cfg.embed_dim,
+        dim=cfg.dim,
+        layers=cfg.layers,
+        dropout=cfg.dropout,
+        bidirectional=cfg.bidirectional,
+        bridge=cfg.bridge,
+        score=cfg.score,
+        window=cfg.window,
+        window_size=cfg.window_size,
+        input_feeding=cfg.input_feeding,
+        attention=cfg.attention,
+        gumbel_tau=cfg.gumbel_tau,
+        max_src_len=cfg.max_src_len,
+        tie_output=cfg.tie_embeddings,
+    )
+
+
 BUILDERS: dict[str, Callable[[ModelConfig, int, int, bool], Seq2Seq]] = {
     "transformer": _build_transformer,
+    "bahdanau": _build_rnn,  # Bahdanau et al. 2014 (nmt/models/bahdanau.py)
+    "luong": _build_rnn,  # Luong et al. 2015 (nmt/models/luong.py)
 }
+
+
+def check_model_config(cfg: ModelConfig) -> None:
+    """Names the builder would not know, caught before any data is prepared (ModelConfig runs this)."""
+    if cfg.arch not in BUILDERS:
+        raise NmtError(f"model.arch={cfg.arch}: unknown; expected one of {', '.join(sorted(BUILDERS))}")
+    if cfg.arch in ("bahdanau", "luong"):
+        from nmt.models.rnn import check_rnn
+
+        embed_dim = cfg.dim if cfg.embed_dim is None else cfg.embed_dim
+        check_rnn(cfg.arch, cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention, cfg.dim, embed_dim, cfg.bidirectional, cfg.tie_embeddings)
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:
     """Look the architecture up in BUILDERS."""
-    if cfg.arch not in BUILDERS:
-        raise NmtError(f"model.arch={cfg.arch}: unknown; expected one of {', '.join(sorted(BUILDERS))}")
+    check_model_config(cfg)
     return BUILDERS[cfg.arch](cfg, src_vocab, tgt_vocab, joint)

@@ -8,7 +8,8 @@ Sub-layers are wrapped pre-norm, x + Drop(F(LN(x))) (Wang et al. 2019), or post-
 
 Shape legend: B batch, S source length, T target length, H model dim, V vocab, N heads, D head dim (H / N).
 `step` keeps a key/value cache per decoder layer in the state (batch on dim 0); cross-attention keys and
-values are computed once in `init_state`.
+values are computed once in `init_state`. `step` and `forward` return cross-attention reduced for plotting
+(`reduce_attention`: last layer, mean over heads); `attention_maps` gives every layer and head (B, L, N, T, S).
 """
 
 from __future__ import annotations
@@ -186,6 +187,11 @@ class DecoderLayer(nn.Module):
         return self.res_ffn(x, self.ffn), new_kv[0], weights[0]
 
 
+def reduce_attention(maps: torch.Tensor) -> torch.Tensor:
+    """The reduction for plotting: (B, L, N, T, S) per layer and head -> the last layer's mean over heads (B, T, S)."""
+    return maps[:, -1].mean(1)
+
+
 class TransformerDecoder(nn.Module):
     def __init__(self, embed: Embedding, vocab: int, layers: int, dim: int, heads: int, ffn_dim: int, dropout: float, norm: str, scale: bool, tie_output: bool):
         super().__init__()
@@ -199,15 +205,26 @@ class TransformerDecoder(nn.Module):
     def _cross_kv(self, enc: Enc) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.cross_attn.keys_values(enc["memory"]) for layer in self.layers]
 
-    def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Teacher forcing: logits (B, T, V) and, if asked, last-layer cross-attention averaged over heads (B, T, S)."""
+    def teacher_forced(self, tgt_in: torch.Tensor, enc: Enc, attn_layers: range) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V) and the cross-attention of the layers asked for (B, len(attn_layers), N, T, S), or None."""
         x = self.embed(tgt_in)  # (B, T, H)
         src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
-        weights = None
+        maps = []
         for i, (layer, cross_kv) in enumerate(zip(self.layers, self._cross_kv(enc))):
-            x, _, weights = layer(x, None, cross_kv, src_mask, need_attn and i == len(self.layers) - 1)
-        attn = weights.mean(1) if weights is not None else None
-        return self.output(self.final_norm(x)), attn
+            x, _, weights = layer(x, None, cross_kv, src_mask, i in attn_layers)
+            if weights is not None:
+                maps.append(weights)  # (B, N, T, S)
+        return self.output(self.final_norm(x)), torch.stack(maps, 1) if maps else None
+
+    def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher forcing: logits (B, T, V) and, if asked, cross-attention reduced for plotting (B, T, S)."""
+        last = len(self.layers) - 1
+        logits, maps = self.teacher_forced(tgt_in, enc, range(last, last + 1) if need_attn else range(0))
+        return logits, reduce_attention(maps) if need_attn else None
+
+    def attention_maps(self, tgt_in: torch.Tensor, enc: Enc) -> torch.Tensor:
+        """Teacher-forced cross-attention of every layer and head (B, L, N, T, S)."""
+        return self.teacher_forced(tgt_in, enc, range(len(self.layers)))[1]
 
     def init_state(self, enc: Enc) -> State:
         """Cross-attention keys/values (B, N, S, D) computed once; empty self-attention caches (B, N, 0, D)."""
@@ -230,7 +247,7 @@ class TransformerDecoder(nn.Module):
             x, (k, v), weights = layer(x, cache, cross, src_mask, i == len(self.layers) - 1)
             new_state.update({f"self_k{i}": k, f"self_v{i}": v, f"cross_k{i}": cross[0], f"cross_v{i}": cross[1]})
         logits = self.output(self.final_norm(x))[:, 0]  # (B, V)
-        return logits, new_state, weights.mean(1)[:, 0]  # (B, S)
+        return logits, new_state, reduce_attention(weights[:, None])[:, 0]  # (B, S)
 
 
 def build_transformer(

@@ -1,0 +1,281 @@
+"""The attention zoo: one base module, the classic scores, local windows, and hard attention.
+
+Every attention computes, for a query q_t and keys/values k_s, v_s over the real source positions,
+    a_t(s) = exp(score(q_t, k_s)) / sum_s' exp(score(q_t, k_s'))     (Luong et al. 2015, eq. 7)
+    c_t    = sum_s a_t(s) v_s                                         (Bahdanau et al. 2014, eq. 5)
+A variant writes `prepare(keys)`, the part that does not depend on the query (e.g. U_a k_s), computed
+once per batch, and `score(query, prepared) -> (B, T, S)`. The base module does masking, softmax and
+the weighted sum. `prepare`'s result goes back to the caller, which keeps it in the decoder state:
+no module holds per-batch tensors, so beam search can reorder it with the rest of the state.
+
+Scores (SCORES):
+    additive  v_a^T tanh(W_a q_t + U_a k_s)                Bahdanau et al. 2014, eq. 6 and appendix A.1.2
+    dot       q_t^T k_s                                    Luong et al. 2015, eq. 8
+    general   q_t^T W_a k_s                                Luong et al. 2015, eq. 8
+    concat    v_a^T tanh(W_a [q_t; k_s])                   Luong et al. 2015, eq. 8
+    location  a_t = softmax(W_a q_t), keys unused          Luong et al. 2015, sec. 3.1
+Windows (WINDOWS; Luong et al. 2015, sec. 3.2), around any score except location:
+    global    every real position
+    local_m   p_t = t (monotonic), window [p_t - D, p_t + D]
+    local_p   p_t = S_b * sigmoid(v_p^T tanh(W_p q_t))     (eq. 9), S_b the sentence's true length;
+              a_t(s) = softmax-in-window(score) * exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2   (eq. 10)
+Kinds (KINDS): soft (the expectation above) or hard (one sampled position, see HardAttention).
+
+Shape legend: B batch, T query steps, S source length, Q query dim, K key dim, A attention hidden size.
+Masks are bool, True = real token.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from nmt.errors import NmtError
+
+WINDOWS = ("global", "local_m", "local_p")
+KINDS = ("soft", "hard")
+
+
+def masked_log_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """log softmax over the last dim where `allowed` (broadcastable bool); -inf elsewhere."""
+    return scores.masked_fill(~allowed, float("-inf")).log_softmax(-1)
+
+
+class Attention(nn.Module):
+    """The base: masking, softmax and the weighted sum. Subclasses write `prepare` and `score`."""
+
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        """Keys (B, S, K) -> what `score` reads (B, S, *), computed once per batch. Identity by default."""
+        return keys
+
+    def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        """query (B, T, Q), prepared keys (B, S, *) -> scores (B, T, S)."""
+        raise NotImplementedError
+
+    def log_weights(self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
+        """log a_t(s) (B, T, S), -inf on padding. mask (B, S); steps (B, T) target positions (local windows)."""
+        return masked_log_softmax(self.score(query, prepared), mask[:, None, :])
+
+    def forward(
+        self, query: torch.Tensor, prepared: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context c_t (B, T, H) and weights a_t (B, T, S) for queries (B, T, Q) over values (B, S, H)."""
+        weights = self.log_weights(query, prepared, mask, steps).exp()  # (B, T, S)
+        return weights @ values, weights
+
+
+class Additive(Attention):
+    """Bahdanau et al. 2014, appendix A.1.2: e_ts = v_a^T tanh(W_a q_t + U_a k_s)."""
+
+    def __init__(self, query_dim: int, key_dim: int, attn_dim: int):
+        super().__init__()
+        self.W_a = nn.Linear(query_dim, attn_dim, bias=False)
+        self.U_a = nn.Linear(key_dim, attn_dim)
+        self.v_a = nn.Linear(attn_dim, 1, bias=False)
+
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.U_a(keys)  # (B, S, A)
+
+    def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.W_a(query)[:, :, None, :] + prepared[:, None, :, :])  # (B, T, S, A)
+        return self.v_a(hidden).squeeze(-1)  # (B, T, S)
+
+
+class Dot(Attention):
+    """Luong et al. 2015, eq. 8: score(h_t, h_s) = h_t^T h_s."""
+
+    def __init__(self, query_dim: int, key_dim: int):
+        super().__init__()
+        if query_dim != key_dim:
+            raise NmtError(f"model.score=dot needs queries and keys of one size; got {query_dim} and {key_dim}")
+
+    def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        return query @ prepared.transpose(1, 2)  # (B, T, S)
+
+
+class General(Attention):
+    """Luong et al. 2015, eq. 8: score(h_t, h_s) = h_t^T W_a h_s; prepare computes W_a h_s."""
+
+    def __init__(self, query_dim: int, key_dim: int):
+        super().__init__()
+        self.W_a = nn.Linear(key_dim, query_dim, bias=False)
+
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.W_a(keys)  # (B, S, Q)
+
+    def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        return query @ prepared.transpose(1, 2)  # (B, T, S)
+
+
+class Concat(Attention):
+    """Luong et al. 2015, eq. 8: score(h_t, h_s) = v_a^T tanh(W_a [h_t; h_s]).
+
+    W_a [h_t; h_s] = W_a[:, :Q] h_t + W_a[:, Q:] h_s, so prepare computes the key half once per batch.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, attn_dim: int):
+        super().__init__()
+        self.query_dim = query_dim
+        self.W_a = nn.Linear(query_dim + key_dim, attn_dim, bias=False)
+        self.v_a = nn.Linear(attn_dim, 1, bias=False)
+
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return keys @ self.W_a.weight[:, self.query_dim :].T  # (B, S, A)
+
+    def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        q = query @ self.W_a.weight[:, : self.query_dim].T  # (B, T, A)
+        return self.v_a(torch.tanh(q[:, :, None, :] + prepared[:, None, :, :])).squeeze(-1)  # (B, T, S)
+
+
+class Location(Attention):
+    """Luong et al. 2015, sec. 3.1: a_t = softmax(W_a h_t), one row of W_a per source position.
+
+    The keys only give the source length. Positions at or past `max_positions` share the last row.
+    """
+
+    def __init__(self, query_dim: int, max_positions: int):
+        super().__init__()
+        self.W_a = nn.Linear(query_dim, max_positions)
+
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return keys[:, :, :0]  # (B, S, 0): the length is all the score needs
+
+    def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(prepared.size(1), device=query.device).clamp(max=self.W_a.out_features - 1)
+        return self.W_a(query)[:, :, positions]  # (B, T, S)
+
+
+class LocalWindow(Attention):
+    """Luong et al. 2015, sec. 3.2: attend only to [p_t - D, p_t + D] around an aligned position p_t.
+
+    local-m: p_t = t, clamped to the sentence's last real position so a long output never faces an empty window.
+    local-p: p_t = S_b * sigmoid(v_p^T tanh(W_p h_t)) (eq. 9) with S_b the true source length, and the
+    in-window weights are multiplied by exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2 (eq. 10). As in
+    the paper they are not renormalised afterwards, so local-p weights sum to at most 1.
+    """
+
+    def __init__(self, scorer: Attention, predictive: bool, size: int, query_dim: int, attn_dim: int):
+        super().__init__()
+        if size < 1:
+            raise NmtError(f"model.window_size={size}: a local window needs D >= 1")
+        self.scorer, self.predictive, self.size, self.sigma = scorer, predictive, size, size / 2
+        if predictive:
+            self.W_p = nn.Linear(query_dim, attn_dim, bias=False)
+            self.v_p = nn.Linear(attn_dim, 1, bias=False)
+
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.scorer.prepare(keys)
+
+    def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        return self.scorer.score(query, prepared)
+
+    def positions(self, query: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None) -> torch.Tensor:
+        """Aligned source positions p_t (B, T), real-valued for local-p."""
+        length = mask.sum(1, keepdim=True)  # (B, 1) S_b
+        if self.predictive:
+            return length * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query)))).squeeze(-1)  # eq. 9
+        if steps is None:
+            raise ValueError("local_m attention needs the target positions (steps)")
+        return torch.minimum(steps, length - 1).to(query.dtype)
+
+    def log_weights(self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.positions(query, mask, steps)  # (B, T)
+        source = torch.arange(mask.size(1), device=query.device, dtype=query.dtype)
+        distance = source[None, None, :] - p[:, :, None]  # (B, T, S): s - p_t
+        inside = (distance.abs() <= self.size) & mask[:, None, :]
+        log_a = masked_log_softmax(self.score(query, prepared), inside)
+        if self.predictive:
+            log_a = log_a - distance**2 / (2 * self.sigma**2)  # eq. 10, in log space
+        return log_a
+
+
+class HardAttention(Attention):
+    """Hard attention: the context is the value at one source position, drawn from a_t (Xu et al. 2015).
+
+    Training samples the position with the Gumbel-max trick and back-propagates through the
+    Gumbel-softmax relaxation (straight-through estimator; Jang et al. 2017, Maddison et al. 2017):
+        y = softmax((log a_t + g) / tau),  g_s = -log(-log u_s), u_s ~ U(0, 1)
+        forward: one_hot(argmax y);  backward: d/d(log a_t) of y
+    Inference takes argmax_s a_t(s).
+
+    Why straight-through Gumbel-softmax rather than REINFORCE with a moving-average baseline: its
+    gradient is a low-variance (if biased) path derivative through the same scorer, so hard attention
+    trains with the soft model's learning rate and schedule and no reward, baseline or entropy
+    hyper-parameters; and it needs no extra loss term, so the generic trainer trains it unchanged.
+    REINFORCE is unbiased but its score-function gradient is noisy enough that hard models usually
+    need the soft model's pre-training or variance tricks to train on small data in few steps.
+    """
+
+    def __init__(self, inner: Attention, tau: float):
+        super().__init__()
+        if tau <= 0:
+            raise NmtError(f"model.gumbel_tau={tau}: expected a positive temperature")
+        self.inner, self.tau = inner, tau
+
+    def prepare(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.inner.prepare(keys)
+
+    def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        return self.inner.score(query, prepared)
+
+    def log_weights(self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
+        return self.inner.log_weights(query, prepared, mask, steps)
+
+    def forward(
+        self, query: torch.Tensor, prepared: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        log_a = self.log_weights(query, prepared, mask, steps)  # (B, T, S), -inf where not allowed
+        if not self.training:
+            weights = torch.zeros_like(log_a).scatter_(-1, log_a.argmax(-1, keepdim=True), 1.0)
+            return weights @ values, weights
+        exp_noise = torch.empty_like(log_a).exponential_().clamp_min(torch.finfo(log_a.dtype).tiny)  # E ~ Exp(1), never 0
+        gumbel = -exp_noise.log()  # -log(E) is Gumbel(0, 1)
+        soft = ((log_a + gumbel) / self.tau).softmax(-1)  # (B, T, S)
+        hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
+        weights = hard - soft.detach() + soft  # straight-through: one-hot forward, relaxed gradient
+        return weights @ values, weights
+
+
+# name -> builder(query_dim, key_dim, attn_dim, max_positions)
+SCORES: dict[str, Callable[[int, int, int, int], Attention]] = {
+    "additive": lambda q, k, a, p: Additive(q, k, a),
+    "dot": lambda q, k, a, p: Dot(q, k),
+    "general": lambda q, k, a, p: General(q, k),
+    "concat": lambda q, k, a, p: Concat(q, k, a),
+    "location": lambda q, k, a, p: Location(q, p),
+}
+
+
+def check_attention(score: str, window: str, kind: str) -> None:
+    """Fail on an unknown name, listing the valid ones, or on a combination that does not exist."""
+    for key, value, valid in (("score", score, tuple(SCORES)), ("window", window, WINDOWS), ("attention", kind, KINDS)):
+        if value not in valid:
+            raise NmtError(f"model.{key}={value}: unknown; expected one of {', '.join(valid)}")
+    if score == "location" and window != "global":
+        raise NmtError(
+            f"model.score=location with model.window={window}: location attention is global only "
+            "(it scores absolute positions); use another score or window=global"
+        )
+
+
+def make_attention(
+    score: str,
+    query_dim: int,
+    key_dim: int,
+    attn_dim: int,
+    window: str = "global",
+    window_size: int = 10,
+    kind: str = "soft",
+    max_positions: int = 256,
+    tau: float = 1.0,
+) -> Attention:
+    """The score from SCORES, wrapped in a local window and/or made hard as asked."""
+    check_attention(score, window, kind)
+    attention = SCORES[score](query_dim, key_dim, attn_dim, max_positions)
+    if window != "global":
+        attention = LocalWindow(attention, window == "local_p", window_size, query_dim, attn_dim)
+    if kind == "hard":
+        attention = HardAttention(attention, tau)
+    return attention

@@ -1,0 +1,184 @@
+"""Recurrent encoder-decoders: a (bi)directional GRU/LSTM encoder and what the attentional decoders share.
+
+Encoder (Bahdanau et al. 2014, sec. 3.2): h_j = [h->_j; h<-_j], the forward and backward states of
+position j, read over packed sequences so padding never enters a sentence. Each direction has dim / 2
+units, so the memory is (B, S, H) like the decoder state.
+Bridge: the initial decoder state of layer l is tanh(W_b [h->_final; h<-_final]_l) (Bahdanau et al.
+2014, appendix A.2.2, use s_0 = tanh(W_s h<-_1); this reads both directions' final states), or zeros.
+The decoders (bahdanau.py, luong.py) keep their recurrent state in the state dict as "h" (and "c"
+for LSTMs) (B, L, H), the prepared attention keys as "keys", the target position as "t" (B,).
+
+Shape legend: B batch, S source length, T target length, E embedding, H hidden (= model.dim),
+L layers, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.data.tokenizer import PAD
+from nmt.errors import NmtError
+from nmt.models.attention import Attention, check_attention
+from nmt.models.seq2seq import Enc, Seq2Seq, State
+
+CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
+BRIDGES = ("bridge", "zero")
+
+
+def embedding(vocab: int, dim: int) -> nn.Embedding:
+    """Token embeddings, N(0, 1) (PyTorch's default), PAD's row zero.
+
+    Unit-scale inputs suit nn.GRU/nn.LSTM's default weights; Luong et al.'s uniform [-0.1, 0.1] made
+    the tiny models of the tests learn several times slower.
+    """
+    return nn.Embedding(vocab, dim, padding_idx=PAD)
+
+
+class Recurrent(nn.Module):
+    """A stacked nn.GRU / nn.LSTM whose hidden state travels in the state dict as "h" (and "c"), (B, L, H)."""
+
+    def __init__(self, cell: str, input_dim: int, dim: int, layers: int, dropout: float):
+        super().__init__()
+        self.lstm = cell == "lstm"
+        self.rnn = CELLS[cell](input_dim, dim, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0)
+
+    def forward(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """x (B, T, I) -> top-layer outputs (B, T, H) and the new {"h", "c"} (B, L, H)."""
+        h = state["h"].transpose(0, 1).contiguous()  # (L, B, H)
+        if self.lstm:
+            out, (h, c) = self.rnn(x, (h, state["c"].transpose(0, 1).contiguous()))
+            return out, {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
+        out, h = self.rnn(x, h)
+        return out, {"h": h.transpose(0, 1)}
+
+
+class RNNEncoder(nn.Module):
+    """Embeddings, a packed (bi)directional GRU/LSTM, and the bridge to the decoder's initial state."""
+
+    def __init__(self, embed: nn.Embedding, cell: str, dim: int, layers: int, dropout: float, bidirectional: bool, bridge: str):
+        super().__init__()
+        self.directions = 2 if bidirectional else 1
+        self.embed, self.dropout, self.lstm = embed, nn.Dropout(dropout), cell == "lstm"
+        self.rnn = CELLS[cell](
+            embed.embedding_dim, dim // self.directions, layers, batch_first=True,
+            dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional,
+        )
+        self.bridge_h = nn.Linear(dim, dim) if bridge == "bridge" else None
+        self.bridge_c = nn.Linear(dim, dim) if bridge == "bridge" and self.lstm else None
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor) -> Enc:
+        x = self.dropout(self.embed(src))  # (B, S, E)
+        packed = pack_padded_sequence(x, src_mask.sum(1).cpu(), batch_first=True, enforce_sorted=False)
+        out, final = self.rnn(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, H)
+        enc = {"memory": memory, "src_mask": src_mask}
+        if self.lstm:
+            enc["init_h"], enc["init_c"] = self.initial(final[0], self.bridge_h), self.initial(final[1], self.bridge_c)
+        else:
+            enc["init_h"] = self.initial(final, self.bridge_h)
+        return enc
+
+    def initial(self, final: torch.Tensor, bridge: nn.Linear | None) -> torch.Tensor:
+        """Final states (L * directions, B, H / directions) -> initial decoder state (B, L, H)."""
+        layers = self.rnn.num_layers
+        final = final.view(layers, self.directions, final.size(1), -1).permute(2, 0, 1, 3).flatten(2)  # (B, L, H)
+        return torch.zeros_like(final) if bridge is None else torch.tanh(bridge(final))
+
+
+class RNNDecoder(nn.Module):
+    """The state layout, `step` and the teacher-forcing loop that Bahdanau's and Luong's decoders share.
+
+    A subclass sets embed, dropout, rnn (Recurrent), attention (Attention) and writes `advance`, one
+    step from an embedded previous token.
+    """
+
+    embed: nn.Embedding
+    dropout: nn.Dropout
+    rnn: Recurrent
+    attention: Attention
+
+    def init_state(self, enc: Enc) -> State:
+        """Initial "h"/"c" (B, L, H) from the encoder's bridge, prepared keys (B, S, *), position "t" (B,)."""
+        state = {"h": enc["init_h"], "keys": self.attention.prepare(enc["memory"])}
+        if self.rnn.lstm:
+            state["c"] = enc["init_c"]
+        state["t"] = torch.zeros(enc["memory"].size(0), dtype=torch.long, device=enc["memory"].device)
+        return state
+
+    def advance(self, emb: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
+        """Embedded previous tokens (B, E) -> logits (B, V), new state, attention (B, S)."""
+        raise NotImplementedError
+
+    def attend(self, query: torch.Tensor, enc: Enc, state: State, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries (B, T, H) at target positions steps (B, T) -> context (B, T, H), weights (B, T, S)."""
+        return self.attention(query, state["keys"], enc["memory"], enc["src_mask"], steps)
+
+    def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
+        """One token per sentence: prev (B,) -> logits (B, V), new state, attention (B, S)."""
+        return self.advance(self.dropout(self.embed(prev)), enc, state)
+
+    def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher forcing, one `advance` per position: logits (B, T, V), attention (B, T, S) if asked."""
+        state = self.init_state(enc)
+        emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
+        logits, attn = [], []
+        for t in range(tgt_in.size(1)):
+            out, state, weights = self.advance(emb[:, t], enc, state)
+            logits.append(out)
+            attn.append(weights)
+        return torch.stack(logits, 1), torch.stack(attn, 1) if need_attn else None
+
+
+def check_rnn(
+    decoder: str, cell: str, bridge: str, score: str, window: str, attention: str, dim: int, embed_dim: int, bidirectional: bool, tie_output: bool
+) -> None:
+    """Fail on a name that is not one of the choices (listing them) or on sizes that cannot fit together."""
+    if cell not in CELLS:
+        raise NmtError(f"model.cell={cell}: unknown; expected one of {', '.join(CELLS)}")
+    if bridge not in BRIDGES:
+        raise NmtError(f"model.bridge={bridge}: unknown; expected one of {', '.join(BRIDGES)}")
+    check_attention(score, window, attention)
+    if bidirectional and dim % 2:
+        raise NmtError(f"model.dim={dim}: a bidirectional encoder needs an even dim (dim / 2 per direction)")
+    if decoder == "luong" and tie_output and embed_dim != dim:
+        raise NmtError(f"model.tie_embeddings=true with arch=luong needs model.embed_dim == model.dim (got {embed_dim} and {dim})")
+
+
+def build_rnn(
+    decoder: str,
+    src_vocab: int,
+    tgt_vocab: int,
+    share_src_embeddings: bool,
+    cell: str,
+    embed_dim: int,
+    dim: int,
+    layers: int,
+    dropout: float,
+    bidirectional: bool,
+    bridge: str,
+    score: str,
+    window: str,
+    window_size: int,
+    input_feeding: bool,
+    attention: str,
+    gumbel_tau: float,
+    max_src_len: int,
+    tie_output: bool,
+) -> Seq2Seq:
+    """A recurrent encoder and a Bahdanau or Luong decoder; with a joint vocabulary the embeddings are shared."""
+    from nmt.models.attention import make_attention
+    from nmt.models.bahdanau import BahdanauDecoder
+    from nmt.models.luong import LuongDecoder
+
+    check_rnn(decoder, cell, bridge, score, window, attention, dim, embed_dim, bidirectional, tie_output)
+    attn = make_attention(score, dim, dim, dim, window, window_size, attention, max_src_len, gumbel_tau)
+    tgt_embed = embedding(tgt_vocab, embed_dim)
+    src_embed = tgt_embed if share_src_embeddings and src_vocab == tgt_vocab else embedding(src_vocab, embed_dim)
+    encoder = RNNEncoder(src_embed, cell, dim, layers, dropout, bidirectional, bridge)
+    if decoder == "bahdanau":
+        dec: RNNDecoder = BahdanauDecoder(tgt_embed, tgt_vocab, cell, dim, layers, dropout, attn, tie_output)
+    else:
+        dec = LuongDecoder(tgt_embed, tgt_vocab, cell, dim, layers, dropout, attn, input_feeding, tie_output)
+    return Seq2Seq(encoder, dec)
