@@ -37,3 +37,13 @@ def tiny_config(toy_dir: Path, cache_dir: Path, **train) -> Config:
 def write(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
+
+
+def random_batch(vocab: int, src_lens=(7, 3, 5), tgt_lens=(6, 2, 4), seed: int = 0):
+    """A padded batch of random token ids (ids >= 4, clear of the special ids) of the given lengths."""
+    from nmt.data.batching import make_batch
+
+    g = torch.Generator().manual_seed(seed)
+    src = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in src_lens]
+    tgt = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in tgt_lens]
+    return make_batch(src, tgt)

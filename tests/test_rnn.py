@@ -4,6 +4,8 @@ the config checks, and a copy task each variant learns in seconds."""
 import pytest
 import torch
 
+from tests.conftest import random_batch as shared_random_batch
+
 from nmt.config import ModelConfig
 from nmt.data.batching import make_batch
 from nmt.errors import NmtError
@@ -37,10 +39,7 @@ def tiny(name, **kw):
 
 
 def random_batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    src = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (7, 3, 5)]
-    tgt = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (9, 2, 4)]
-    return make_batch(src, tgt)
+    return shared_random_batch(VOCAB, tgt_lens=(9, 2, 4), seed=seed)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

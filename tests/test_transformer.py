@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from tests.conftest import random_batch as shared_random_batch
+
 from nmt.config import ModelConfig
 from nmt.data.batching import make_batch
 from nmt.data.tokenizer import BOS
@@ -17,10 +19,7 @@ def tiny(norm="pre", scale=True, **kw):
 
 
 def random_batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    src = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (7, 3, 5)]
-    tgt = [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in (6, 2, 4)]
-    return make_batch(src, tgt)
+    return shared_random_batch(VOCAB, tgt_lens=(6, 2, 4), seed=seed)
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
