@@ -1,16 +1,75 @@
-"""Config schemas: the one place where defaults live.
+"""Config schemas: the one place where defaults live, and where every value is checked.
 
 Hydra composes `recipes/` on top of these dataclasses, so a misspelt key or a wrong type fails at
 composition with the key named. Only the CLI entry points see Hydra; they turn the composed config
 into these plain dataclasses and pass explicit arguments on to the modules.
+
+Each key that has a valid range or a fixed set of names declares it beside its default:
+`key(default, at_least(1))`, `key(default, one_of(...))`. Every schema's `__post_init__` runs those
+checks (and its combination checks), so a bad value fails at composition, before any data is read or
+any run dir is written, with one line naming the key and what is allowed. Environment checks (is
+CUDA there?) happen where the device is opened, since a saved config must load on any machine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from nmt.errors import NmtError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check of one value: `ok(value)`, what is expected (for the message), and a value it rejects (for tests)."""
+
+    ok: Callable[[Any], bool]
+    expected: str
+    bad: Any
+
+
+def at_least(low: float) -> Rule:
+    return Rule(lambda v: v >= low, f"expected at least {low}", low - 1)
+
+
+def positive() -> Rule:
+    return Rule(lambda v: v > 0, "expected a positive number", 0)
+
+
+def in_range(low: float, high: float, high_open: bool = True, low_open: bool = False) -> Rule:
+    """low <= v < high (or <= high; or low < v)."""
+    lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+    ok = lambda v: (v > low if low_open else v >= low) and (v < high if high_open else v <= high)  # noqa: E731
+    return Rule(ok, f"expected a number in {lo}{low}, {high}{hi}", high + 1)
+
+
+def one_of(*choices: str) -> Rule:
+    return Rule(lambda v: v in choices, f"unknown; expected one of {', '.join(choices)}", "no_such_name")
+
+
+DEVICE = Rule(lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None, "unknown; expected auto, cpu, cuda or cuda:N", "gpu")
+
+
+def key(default: Any, rule: Rule | None = None) -> Any:
+    """A schema field with its default and the rule its value must pass (None is always allowed)."""
+    return field(default=default, metadata={"rule": rule} if rule else {})
+
+
+def check_fields(obj: Any, prefix: str) -> None:
+    """Apply every field's rule; the first failure raises `PREFIXKEY=VALUE: expected ...`."""
+    for f in fields(obj):
+        rule, value = f.metadata.get("rule"), getattr(obj, f.name)
+        if rule is not None and value is not None and value is not MISSING and not rule.ok(value):
+            raise NmtError(f"{prefix}{f.name}={value}: {rule.expected}")
+
+
+def require(condition: bool, message: str) -> None:
+    """A combination check: raise `message` unless `condition`."""
+    if not condition:
+        raise NmtError(message)
 
 
 @dataclass
@@ -25,14 +84,19 @@ class DataConfig:
     valid: Optional[str] = None
     test: Optional[str] = None
     hf: Optional[str] = None  # a `datasets` dataset (local save_to_disk folder or hub name)
-    synthetic: Optional[str] = None  # "toy": generate the toy corpus into the train/valid/test folder if missing
-    synthetic_seed: int = 1
-    max_len: int = 100  # training pairs longer than this (subword tokens, either side) are removed
-    max_ratio: Optional[float] = 3.0  # pairs whose longer side is this many times the shorter are removed
-    vocab_size: int = 8000
-    spm_model: str = "unigram"  # unigram | bpe
+    synthetic: Optional[str] = key(None, one_of("toy"))  # "toy": generate the toy corpus into the train folder if missing
+    synthetic_seed: int = key(1, at_least(0))
+    max_len: int = key(100, at_least(1))  # training pairs longer than this (subword tokens, either side) are removed
+    max_ratio: Optional[float] = key(3.0, at_least(1))  # pairs whose longer side is this many times the shorter are removed
+    vocab_size: int = key(8000, at_least(8))
+    spm_model: str = key("unigram", one_of("unigram", "bpe"))
     joint_vocab: bool = True
     cache_dir: str = "data/cache"
+
+    def __post_init__(self) -> None:
+        check_fields(self, "data.")
+        for name in ("src", "tgt", "cache_dir"):
+            require(bool(getattr(self, name)), f"data.{name}: expected a non-empty value")
 
 
 @dataclass
@@ -43,31 +107,32 @@ class ModelConfig:
     """
 
     arch: str = "transformer"  # transformer | bahdanau | luong
-    dim: int = 256  # model width: Transformer d_model; RNN decoder state and encoder output (both directions together)
-    layers: int = 3  # Transformer layers per stack; RNN layers in the encoder and in the decoder
-    heads: int = 4  # transformer: attention heads
-    ffn_dim: int = 1024  # transformer: feed-forward inner size
-    dropout: float = 0.1
-    norm: str = "pre"  # transformer: pre | post (layer norm before or after each sub-layer)
+    dim: int = key(256, at_least(1))  # model width: Transformer d_model; RNN decoder state and encoder output (both directions together)
+    layers: int = key(3, at_least(1))  # Transformer layers per stack; RNN layers in the encoder and in the decoder
+    heads: int = key(4, at_least(1))  # transformer: attention heads (model.dim must be a multiple)
+    ffn_dim: int = key(1024, at_least(1))  # transformer: feed-forward inner size
+    dropout: float = key(0.1, in_range(0, 1))
+    norm: str = key("pre", one_of("pre", "post"))  # transformer: layer norm before or after each sub-layer
     scale: bool = True  # transformer: divide attention scores by sqrt(d_head)
     tie_embeddings: bool = True  # target input/output; source too when the vocabulary is joint
     # --- RNN encoder-decoders (bahdanau, luong) ---
-    embed_dim: Optional[int] = None  # token embedding size (None: same as dim)
+    embed_dim: Optional[int] = key(None, at_least(1))  # token embedding size (None: same as dim)
     cell: str = "lstm"  # gru | lstm
     bidirectional: bool = True  # encoder reads both ways; each direction gets dim / 2
     bridge: str = "bridge"  # initial decoder state: bridge (tanh(W h_enc_final)) | zero
     score: str = "general"  # additive | dot | general | concat | location (nmt.models.attention.SCORES)
     window: str = "global"  # global | local_m | local_p (Luong et al. 2015, sec. 3.2)
-    window_size: int = 10  # D: local windows cover [p_t - D, p_t + D]; local-p's Gaussian has sigma = D / 2
+    window_size: int = key(10, at_least(1))  # D: local windows cover [p_t - D, p_t + D]; local-p's Gaussian has sigma = D / 2
     input_feeding: bool = True  # luong: feed the attentional vector h~_{t-1} into the next RNN input
     attention: str = "soft"  # soft | hard (one sampled source position per step, straight-through Gumbel-softmax)
-    gumbel_tau: float = 1.0  # hard: temperature of the Gumbel-softmax relaxation behind the gradients
-    max_src_len: int = 256  # location score: one weight row per source position; later positions share the last
+    gumbel_tau: float = key(1.0, positive())  # hard: temperature of the Gumbel-softmax relaxation behind the gradients
+    max_src_len: int = key(256, at_least(1))  # location score: one weight row per source position; later positions share the last
 
     def __post_init__(self) -> None:
-        """An unknown name or impossible combination fails at composition, with the valid choices listed."""
+        """An unknown name, a value out of range or an impossible combination fails at composition."""
         from nmt.models.seq2seq import check_model_config
 
+        check_fields(self, "model.")
         check_model_config(self)
 
 
@@ -75,47 +140,58 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation, validation and checkpointing."""
 
-    max_steps: int = 10000
-    max_epochs: Optional[int] = None
-    batch_tokens: int = 4096
-    lr: float = 5e-4  # peak learning rate, reached at the end of warm-up
-    schedule: str = "inverse_sqrt"  # inverse_sqrt | constant
-    warmup: int = 1000
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0
-    valid_every: int = 1000
-    save_every: int = 1000
-    keep_last: int = 3  # the newest N step checkpoints kept (checkpoints/step_N.pt; last.pt is the newest)
-    keep_best: int = 1  # the best M step checkpoints by early_stop_metric also kept (best.pt is the best)
-    early_stop_metric: str = "bleu"  # bleu | chrf | loss: the validation score that picks best.pt and drives patience
-    patience: Optional[int] = None  # stop after this many validations in a row without a new best (None: never)
-    max_bad_steps: int = 5  # stop after this many updates in a row skipped for a non-finite loss or gradient
-    valid_bleu_sentences: Optional[int] = None  # translate only the first N validation sentences for BLEU
-    log_every: int = 50
-    seed: int = 1
-    device: str = "auto"  # auto | cpu | cuda
-    threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
-    progress: bool = True
+    max_steps: int = key(10000, at_least(1))
+    max_epochs: Optional[int] = key(None, at_least(1))
+    max_time: Optional[float] = key(None, positive())  # minutes of wall-clock: stop at the first update past it (validate, save, results.json)
+    batch_tokens: int = key(4096, at_least(1))  # padded tokens per batch (per process with torchrun)
+    accumulate: int = key(1, at_least(1))  # batches per update: the update of an N-times larger batch
+    precision: str = key("fp32", one_of("fp32", "bf16", "fp16"))  # bf16: autocast (fp32 master weights); fp16: CUDA only
+    lr: float = key(5e-4, positive())  # peak learning rate, reached at the end of warm-up
+    schedule: str = key("inverse_sqrt", one_of("inverse_sqrt", "constant"))
+    warmup: int = key(1000, at_least(0))
+    label_smoothing: float = key(0.1, in_range(0, 1))
+    clip_norm: float = key(1.0, at_least(0))  # gradient norm limit (0: no clipping)
+    valid_every: int = key(1000, at_least(1))
+    save_every: int = key(1000, at_least(1))
+    keep_last: int = key(3, at_least(1))  # the newest N step checkpoints kept (checkpoints/step_N.pt; last.pt is the newest)
+    keep_best: int = key(1, at_least(1))  # the best M step checkpoints by early_stop_metric also kept (best.pt is the best)
+    early_stop_metric: str = key("bleu", one_of("bleu", "chrf", "loss"))  # the validation score that picks best.pt and drives patience
+    patience: Optional[int] = key(None, at_least(1))  # stop after this many validations in a row without a new best (None: never)
+    max_bad_steps: int = key(5, at_least(1))  # stop after this many updates in a row skipped for a non-finite loss or gradient
+    valid_bleu_sentences: Optional[int] = key(None, at_least(1))  # translate only the first N validation sentences for BLEU
+    log_every: int = key(50, at_least(1))  # a progress line (train.log, stdout) and TensorBoard scalars every N updates
+    seed: int = key(1, at_least(0))
+    device: str = key("auto", DEVICE)  # auto | cpu | cuda | cuda:N
+    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default)
+    progress: bool = True  # a progress bar when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        check_fields(self, "train.")
 
 
 @dataclass
 class DecodeConfig:
     """Search settings for validation BLEU, nmt-translate and nmt-evaluate (see nmt/search.py)."""
 
-    beam: int = 1  # beam width K; 1 is greedy search
-    alpha: float = 0.0  # GNMT length penalty ((5 + len) / 6) ** alpha; hypotheses are ranked by score / penalty
-    max_len_a: float = 1.5  # output length limit: a * source length + b (subword tokens)
-    max_len_b: int = 10
-    min_len: int = 0  # EOS is forbidden before this many output tokens
-    nbest: int = 1  # hypotheses per sentence (at most beam; any number when sampling)
+    beam: int = key(1, at_least(1))  # beam width K; 1 is greedy search
+    alpha: float = key(0.0, at_least(0))  # GNMT length penalty ((5 + len) / 6) ** alpha; hypotheses are ranked by score / penalty
+    max_len_a: float = key(1.5, at_least(0))  # output length limit: a * source length + b (subword tokens)
+    max_len_b: int = key(10, at_least(0))
+    min_len: int = key(0, at_least(0))  # EOS is forbidden before this many output tokens
+    nbest: int = key(1, at_least(1))  # hypotheses per sentence (at most beam; any number when sampling)
     sampling: bool = False  # draw each token at random instead of searching (beam is then ignored)
-    temperature: float = 1.0  # sampling: divide the log-probabilities by this (< 1 sharpens, > 1 flattens)
-    top_k: int = 0  # sampling: draw among the k likeliest tokens only (0: all)
-    top_p: float = 1.0  # sampling: draw from the smallest set of tokens whose probability reaches p (nucleus)
-    seed: int = 1  # sampling: random seed
-    max_src_len: int = 1024  # longer sources are cut to this many subword tokens, with a warning
-    batch_size: int = 64  # sentences per batch
-    batch_tokens: int = 32768  # and at most this many beam rows x padded source tokens per batch
+    temperature: float = key(1.0, positive())  # sampling: divide the log-probabilities by this (< 1 sharpens, > 1 flattens)
+    top_k: int = key(0, at_least(0))  # sampling: draw among the k likeliest tokens only (0: all)
+    top_p: float = key(1.0, in_range(0, 1, high_open=False, low_open=True))  # sampling: the smallest set of tokens whose probability reaches p
+    seed: int = key(1, at_least(0))  # sampling: random seed
+    max_src_len: int = key(1024, at_least(1))  # longer sources are cut to this many subword tokens, with a warning
+    batch_size: int = key(64, at_least(1))  # sentences per batch
+    batch_tokens: int = key(32768, at_least(1))  # and at most this many beam rows x padded source tokens per batch
+
+    def __post_init__(self) -> None:
+        check_fields(self, "decode.")
+        require(self.sampling or self.nbest <= self.beam, f"decode.nbest={self.nbest}: at most decode.beam={self.beam} hypotheses (or set decode.sampling=true)")
+        require(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_a=0 and decode.max_len_b=0: no output could be produced; expected one of them positive")
 
 
 @dataclass
@@ -138,13 +214,16 @@ class TranslateConfig:
     checkpoint: str = MISSING
     input: Optional[str] = None
     output: Optional[str] = None
-    chunk_size: int = 10000  # lines read, translated and written at a time (sorted by length inside a chunk)
+    chunk_size: int = key(10000, at_least(1))  # lines read, translated and written at a time (sorted by length inside a chunk)
     attention_out: Optional[str] = None  # write each line's attention matrix: FILE.npz, else JSON lines
     plot_dir: Optional[str] = None  # write attention heat-maps (PNG) of the first plot_n sentences here
-    plot_n: int = 10
+    plot_n: int = key(10, at_least(0))
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-    device: str = "auto"
+    device: str = key("auto", DEVICE)
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
 
 
 @dataclass
@@ -152,14 +231,17 @@ class EvaluateConfig:
     """nmt-evaluate: score a checkpoint on a split of its data or on src/ref files, or score hyp against ref."""
 
     checkpoint: Optional[str] = None
-    split: str = "test"
+    split: str = key("test", one_of("train", "valid", "test"))
     src: Optional[str] = None
     ref: Optional[str] = None
     hyp: Optional[str] = None  # an existing translation to score (no checkpoint needed)
     hyp_out: Optional[str] = None
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-    device: str = "auto"
+    device: str = key("auto", DEVICE)
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
 
 
 @dataclass
@@ -167,9 +249,11 @@ class AverageConfig:
     """nmt-average: the weights of a run's newest step checkpoints averaged into one checkpoint."""
 
     run: str = MISSING  # a run dir written by nmt-train
-    last: int = 3  # how many of its newest checkpoints/step_N.pt to average
+    last: int = key(3, at_least(1))  # how many of its newest checkpoints/step_N.pt to average
     output: Optional[str] = None  # default: RUN/checkpoints/average.pt
 
+    def __post_init__(self) -> None:
+        check_fields(self, "")
 
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (the recipes' `defaults` name them)."""

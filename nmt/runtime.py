@@ -7,12 +7,20 @@ import random
 import numpy as np
 import torch
 
+from nmt.errors import NmtError
 
-def resolve_device(name: str) -> torch.device:
-    """auto: CUDA when available, else CPU."""
+
+def resolve_device(name: str, key: str = "train.device") -> torch.device:
+    """auto: CUDA when available, else CPU; asking for CUDA where there is none is a clear error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise NmtError(f"{key}={name}: CUDA is not available on this machine; use cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise NmtError(f"{key}={name}: this machine has {torch.cuda.device_count()} CUDA devices (cuda:0 ..)")
+    return device
 
 
 def seed_everything(seed: int) -> None:

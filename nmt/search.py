@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from nmt.data.tokenizer import BOS, EOS
+from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models.seq2seq import Seq2Seq, reorder
 
 
@@ -46,8 +46,13 @@ def max_lengths(src_mask: torch.Tensor, a: float, b: int) -> torch.Tensor:
 
 
 def log_probs(logits: torch.Tensor, step: int, min_len: int) -> torch.Tensor:
-    """(B, V) log-softmax in float32; EOS is impossible while fewer than min_len tokens are out."""
+    """(B, V) log-softmax in float32, with the tokens no output may hold made impossible.
+
+    PAD and BOS are never emitted (label smoothing gives them some mass, so a model can rank them);
+    EOS is impossible while fewer than min_len tokens are out. Every search reads its scores from here.
+    """
     logp = logits.float().log_softmax(-1)
+    logp[:, PAD] = logp[:, BOS] = float("-inf")
     if step < min_len:
         logp[:, EOS] = float("-inf")
     return logp

@@ -38,23 +38,12 @@ def decode_settings(decode: DecodeConfig) -> str:
     return f"{search} max_len={decode.max_len_a}*src+{decode.max_len_b}" + (f" min_len={decode.min_len}" if decode.min_len else "")
 
 
-def check_decode(decode: DecodeConfig) -> None:
-    """Reject settings no search can use, naming the key."""
-    problems = [
-        (decode.beam < 1, f"decode.beam={decode.beam}: expected a positive beam size"),
-        (decode.nbest < 1, f"decode.nbest={decode.nbest}: expected at least 1"),
-        (not decode.sampling and decode.nbest > decode.beam, f"decode.nbest={decode.nbest}: at most decode.beam={decode.beam} hypotheses (or set decode.sampling=true)"),
-        (decode.min_len < 0, f"decode.min_len={decode.min_len}: expected 0 or more"),
-        (decode.max_len_a < 0 or decode.max_len_b < 0, f"decode.max_len_a={decode.max_len_a}, decode.max_len_b={decode.max_len_b}: expected 0 or more"),
-        (decode.temperature <= 0, f"decode.temperature={decode.temperature}: expected a positive number"),
-        (decode.top_k < 0, f"decode.top_k={decode.top_k}: expected 0 (off) or more"),
-        (not 0 < decode.top_p <= 1, f"decode.top_p={decode.top_p}: expected 0 < top_p <= 1"),
-        (decode.max_src_len < 1, f"decode.max_src_len={decode.max_src_len}: expected a positive number"),
-        (decode.batch_size < 1 or decode.batch_tokens < 1, f"decode.batch_size={decode.batch_size}, decode.batch_tokens={decode.batch_tokens}: expected positive numbers"),
-    ]
-    for bad, message in problems:
-        if bad:
-            raise NmtError(message)
+def check_beam(decode: DecodeConfig, vocab_size: int) -> None:
+    """A beam (or n-best list) cannot be wider than the tokens the search may emit (all but PAD and BOS)."""
+    emittable = vocab_size - 2
+    width = decode.nbest if decode.sampling else decode.beam
+    if not decode.sampling and width > emittable:
+        raise NmtError(f"decode.beam={width}: wider than the {emittable} tokens the target vocabulary can emit; expected at most {emittable}")
 
 
 @contextmanager
@@ -72,7 +61,7 @@ class Translator:
     """A model, its tokenizer and search settings; `warn` receives one-line warnings (stderr by default)."""
 
     def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device, warn: Callable[[str], None] | None = None):
-        check_decode(decode)
+        check_beam(decode, tokenizer.tgt_vocab_size)
         self.model, self.tokenizer, self.decode, self.device = model, tokenizer, decode, device
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
         self.generator = torch.Generator(device=device).manual_seed(decode.seed)

@@ -21,7 +21,7 @@ import torch
 
 from nmt.cli.common import compose
 from nmt.data.batching import token_batches
-from nmt.training.trainer import Trainer, batches_of
+from nmt.training.trainer import Trainer
 
 
 def main(argv: list[str]) -> None:
@@ -34,18 +34,18 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(cfg, run_dir, log=lambda line: print(line, file=sys.stderr))
         train = trainer.data.splits["train"]
-        batches = token_batches([len(s) for s in train.src_ids], [len(t) for t in train.tgt_ids], cfg.train.batch_tokens, cfg.train.seed, 0)
+        batches = token_batches(*train.lengths(), cfg.train.batch_tokens, cfg.train.seed, 0)
         position, rates, sentence_rates = 0, [], []
         for run in range(args.runs):
             for _ in range(args.warmup):
-                trainer.train_step(batches_of(train, batches[position % len(batches)]).to(trainer.device))
+                trainer.train_step([train.batch(batches[position % len(batches)])])
                 position += 1
             tokens = sentences = 0
             start = time.perf_counter()
             for _ in range(args.steps):
                 indices = batches[position % len(batches)]
-                batch = batches_of(train, indices).to(trainer.device)
-                trainer.train_step(batch)
+                batch = train.batch(indices)
+                trainer.train_step([batch])
                 tokens += batch.target_tokens
                 sentences += len(indices)
                 position += 1

@@ -91,7 +91,7 @@ def test_prepare_builds_the_cache(toy_dir, tmp_path, capsys):
     "argv, message",
     [
         (["train.no_such_key=1"], "no_such_key"),
-        (["model=no_such_model"], "Could not find 'model/no_such_model'"),
+        (["model=no_such_model"], "model=no_such_model: no such recipe in recipes/model/"),
         (["train.max_steps=many"], "max_steps"),
         (["data=parallel"], "data.train"),
     ],

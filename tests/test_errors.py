@@ -114,7 +114,7 @@ def test_bad_tsv_and_jsonl_lines(tmp_path, capsys):
         ("train.no_such_key=1", "error: train.no_such_key: unknown key 'no_such_key'; valid keys in train: max_steps, max_epochs,"),
         ("+train.no_such_key=1", "error: train.no_such_key: unknown key 'no_such_key'; valid keys in train: max_steps, max_epochs,"),
         ("nosuch=1", "error: nosuch: unknown key 'nosuch'; valid keys at the top level: data, model, train, decode, run_dir, resume, init_from"),
-        ("model=no_such_model", "error: In 'config': Could not find 'model/no_such_model' Available options in 'model': bahdanau"),
+        ("model=no_such_model", "error: model=no_such_model: no such recipe in recipes/model/; expected one of bahdanau, hard, luong,"),
         ("train.max_steps=many", "error: Error merging override train.max_steps=many: Value 'many' of type 'str' could not be converted to Integer"),
         ("train.early_stop_metric=ter", "error: train.early_stop_metric=ter: unknown; expected one of bleu, chrf, loss"),
         ("train.keep_last=0", "error: train.keep_last=0: expected at least 1"),

@@ -60,10 +60,10 @@ def killed_run(args: list[str], kill_at: int) -> int:
     def work():
         update = Trainer.train_step
 
-        def train_step(self, batch):
+        def train_step(self, batches, tokens=None):
             if self.step + 1 == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return update(self, batch)
+            return update(self, batches, tokens)
 
         Trainer.train_step = train_step
         run(train.main, args)

@@ -8,7 +8,7 @@ from torch import nn
 
 from nmt.config import ModelConfig
 from nmt.data.batching import make_batch
-from nmt.data.tokenizer import BOS, EOS
+from nmt.data.tokenizer import BOS, EOS, PAD
 from nmt.models.seq2seq import BUILDERS, build_model
 from nmt.search import beam_search, filter_logits, greedy_search, length_penalty, sample_search
 
@@ -213,3 +213,17 @@ def test_beam_scores_equal_recomputing_each_prefix(arch):
                 score = logits.log_softmax(-1)[0, torch.arange(steps), torch.tensor(out)].sum()
                 assert float(score) == pytest.approx(h.score, abs=1e-4)
                 torch.testing.assert_close(attn[0], h.attention, atol=1e-5, rtol=1e-4)
+
+
+# The model ranks PAD and BOS first (label smoothing gives them mass); no search may emit them.
+SPECIALS_FIRST = {(): {PAD: 0.4, BOS: 0.3, X: 0.2, EOS: 0.1}, (X,): {BOS: 0.6, PAD: 0.3, EOS: 0.1}}
+
+
+def test_pad_and_bos_are_never_emitted():
+    model, src, mask = scripted(SPECIALS_FIRST, SPECIALS_FIRST)
+    assert [h.tokens for h in greedy_search(model, src, mask, limit(src, 5))] == [[X], [X]]
+    assert greedy_search(model, src, mask, limit(src, 5))[0].score == pytest.approx(math.log(0.2 * 0.1))
+    for hyps in beam_search(model, src, mask, limit(src, 5), k=2, nbest=2):
+        assert [h.tokens for h in hyps] == [[], [X]]  # EOS at once (p .1) beats X EOS (.2 * .1); nothing else is allowed
+    samples = sample_search(model, src, mask, limit(src, 5), n=50, generator=torch.Generator().manual_seed(0))
+    assert all(PAD not in h.tokens and BOS not in h.tokens for hyps in samples for h in hyps)

@@ -61,18 +61,20 @@ def test_early_stopping_with_patience(toy_dir, cache, tmp_path, monkeypatch, met
 
 
 def test_early_stopping_settings_are_checked():
+    from nmt.config import TrainConfig
+
     with pytest.raises(NmtError, match="train.early_stop_metric=ter: unknown; expected one of bleu, chrf, loss"):
-        EarlyStopping("ter", None, 1)
+        TrainConfig(early_stop_metric="ter")
     with pytest.raises(NmtError, match="train.patience=0"):
-        EarlyStopping("bleu", 0, 1)
+        TrainConfig(patience=0)
 
 
 def test_non_finite_loss_is_skipped_and_counted(toy_dir, cache, tmp_path, monkeypatch):
     t = trainer(toy_dir, cache, tmp_path / "run", max_steps=4, valid_every=100, save_every=100)
     loss, calls = Trainer.loss, []
 
-    def poisoned(self, batch, smoothing):
-        value = loss(self, batch, smoothing)
+    def poisoned(self, batch, smoothing, net=None):
+        value = loss(self, batch, smoothing, net)
         if not self.model.training:  # validation
             return value
         calls.append(self.step)
@@ -90,10 +92,10 @@ def test_non_finite_gradients_too_many_in_a_row_stop_the_run(toy_dir, cache, tmp
     t = trainer(toy_dir, cache, tmp_path / "run", max_steps=10, valid_every=100, save_every=2, max_bad_steps=3)
     step = Trainer.train_step
 
-    def explode_after_3(self, batch):
+    def explode_after_3(self, batches, tokens=None):
         if self.step >= 3:
             next(self.model.parameters()).register_hook(lambda grad: grad * float("inf"))
-        return step(self, batch)
+        return step(self, batches, tokens)
 
     monkeypatch.setattr(Trainer, "train_step", explode_after_3)
     with pytest.raises(TrainingStopped) as err:
@@ -107,7 +109,7 @@ def test_non_finite_gradients_too_many_in_a_row_stop_the_run(toy_dir, cache, tmp
 
 
 def test_diverging_run_exits_3_with_one_line(toy_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(Trainer, "loss", lambda self, batch, smoothing: torch.tensor(float("nan"), requires_grad=True))
+    monkeypatch.setattr(Trainer, "loss", lambda self, batch, smoothing, net=None: torch.tensor(float("nan"), requires_grad=True))
     argv = toy_overrides(toy_dir) + TINY + [f"data.cache_dir={tmp_path}/cache", "train.max_bad_steps=2", f"run_dir={tmp_path}/run"]
     code, _, err = cli(train.main, argv, capsys)
     assert code == 3 and err.count("\n") == 1 and "Traceback" not in err
@@ -133,7 +135,7 @@ def finished(toy_dir, tmp_path_factory):
 def test_init_from_starts_fresh_from_the_weights(finished, toy_dir, tmp_path, capsys):
     source = finished / "run" / "checkpoints" / "last.pt"
     argv = toy_overrides(toy_dir) + [
-        f"init_from={source}", f"data.cache_dir={finished}/cache", "train.max_steps=0", "train.lr=1e-4", "train.progress=false",
+        f"init_from={source}", f"data.cache_dir={finished}/cache", "train.max_steps=1", "train.lr=1e-4", "train.progress=false",
         "train.valid_bleu_sentences=5", "decode.max_len_b=3", f"run_dir={tmp_path}/tuned",
     ]
     code, out, err = cli(train.main, argv, capsys)
@@ -141,8 +143,10 @@ def test_init_from_starts_fresh_from_the_weights(finished, toy_dir, tmp_path, ca
     assert "init_from: setting differs from the checkpoint: train.lr: 0.0005 -> 0.0001" in out
     assert "model.dim" not in out  # the recipe's model size yields to the checkpoint's
     tuned, original = load_checkpoint(tmp_path / "tuned" / "checkpoints" / "last.pt"), load_checkpoint(source)
-    assert tuned["step"] == 0 and tuned["train_state"]["optimizer"]["state"] == {}
-    assert all(torch.equal(v, tuned["model"][k]) for k, v in original["model"].items())
+    assert tuned["step"] == 1 and tuned["train_state"]["optimizer"]["state"][0]["step"] == 1  # a fresh optimizer: one update of its own
+    assert tuned["train_state"]["scheduler"]["last_epoch"] == 1
+    for key, value in original["model"].items():  # started from these weights (one tiny warm-up update away)
+        torch.testing.assert_close(tuned["model"][key], value, rtol=0, atol=1e-5)
     assert tuned["tokenizer"] == original["tokenizer"]
 
 

@@ -168,7 +168,14 @@ def test_bad_decode_settings_exit_2(bad, checkpoint, tmp_path, capsys):
     assert code == 2 and bad.split("=")[0] in err
 
 
-def test_translator_refuses_nothing_it_can_run():
-    with pytest.raises(NmtError, match="decode.nbest"):
-        Translator(None, None, DecodeConfig(beam=2, nbest=3), torch.device("cpu"))
-    Translator(None, None, DecodeConfig(sampling=True, nbest=3), torch.device("cpu"))
+def test_decode_settings_are_checked_and_beam_fits_the_vocabulary():
+    with pytest.raises(NmtError, match="decode.nbest=3: at most decode.beam=2"):
+        DecodeConfig(beam=2, nbest=3)
+    DecodeConfig(sampling=True, nbest=3)  # any number of samples
+
+    class Vocab:
+        tgt_vocab_size = 10
+
+    with pytest.raises(NmtError, match="decode.beam=9: wider than the 8 tokens the target vocabulary can emit"):
+        Translator(None, Vocab(), DecodeConfig(beam=9), torch.device("cpu"))
+    Translator(None, Vocab(), DecodeConfig(beam=8), torch.device("cpu"))

@@ -27,8 +27,6 @@ def main(argv: list[str]) -> None:
     folder = Path(cfg.run) / "checkpoints"
     if not folder.is_dir():
         raise NmtError(f"run={cfg.run}: no checkpoints/ folder there; expected a run dir written by nmt-train")
-    if cfg.last < 1:
-        raise NmtError(f"last={cfg.last}: expected at least 1 checkpoint to average")
     found = step_checkpoints(folder)
     if len(found) < cfg.last:
         raise NmtError(f"last={cfg.last}: {cfg.run} has only {len(found)} step checkpoints (train.keep_last sets how many a run keeps)")

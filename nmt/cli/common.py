@@ -37,6 +37,7 @@ def compose(config_name: str, overrides: list[str]):
     from hydra.errors import HydraException
 
     register_configs()
+    check_group_choices(overrides)
     try:
         with initialize_config_dir(str(recipes_dir()), version_base="1.3", job_name="nmt"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
@@ -45,6 +46,15 @@ def compose(config_name: str, overrides: list[str]):
         raise NmtError(compose_error(err, config_name)) from None
     check_known_keys(obj)
     return obj
+
+
+def check_group_choices(overrides: list[str]) -> None:
+    """An unknown recipe name in any group (`experiment=typo` too, which Hydra skips as optional) lists the valid ones."""
+    groups = group_options()
+    for override in overrides:
+        name, _, value = override.lstrip("+~").partition("=")
+        if name in groups and value not in groups[name] and value != "null":
+            raise NmtError(f"{name}={value}: no such recipe in recipes/{name}/; expected one of {', '.join(groups[name])}")
 
 
 def check_known_keys(obj: object, path: str = "") -> None:

@@ -34,8 +34,6 @@ def sources_and_refs(cfg: EvaluateConfig, train_cfg: Config) -> tuple[list[str],
         if len(src) != len(ref):
             raise NmtError(f"{cfg.src} has {len(src)} lines but {cfg.ref} has {len(ref)}; they must match")
         return src, ref
-    if cfg.split not in ("train", "valid", "test"):
-        raise NmtError(f"split={cfg.split}: expected train, valid or test")
     text = read_split(train_cfg.data, cfg.split)
     if text is None:
         raise NmtError(f"split={cfg.split}: the checkpoint's data config names no {cfg.split} data")

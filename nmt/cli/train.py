@@ -76,6 +76,11 @@ def resume_config(run_dir: Path, overrides: list[str], saved: Config) -> Config:
         raise NmtError(f"resume: {key + ': ' if key else ''}{str(err).splitlines()[0]}") from None
     if bad := mismatches(saved, cfg, fixed_keys(saved)):
         raise NmtError(f"resume={run_dir}: cannot change what the weights depend on: {'; '.join(bad)}")
+    if saved.train.early_stop_metric != cfg.train.early_stop_metric:
+        raise NmtError(
+            f"resume={run_dir}: train.early_stop_metric cannot change on resume ({saved.train.early_stop_metric} -> {cfg.train.early_stop_metric}): "
+            f"best.pt and patience are ranked by {saved.train.early_stop_metric}; start a new run with init_from= to rank by another metric"
+        )
     cfg.resume, cfg.init_from = str(run_dir), None
     cfg.run_dir = cfg.run_dir if any(o.startswith("run_dir=") for o in keys) else str(run_dir)
     print_differences("resume", saved, cfg)
@@ -130,8 +135,13 @@ def main(argv: list[str]) -> None:
             payload = load_checkpoint(cfg.init_from)
             cfg = init_from_config(cfg, argv, checkpoint_config(payload))
     run_dir = Path(cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))
-    Trainer(cfg, run_dir, checkpoint=payload).fit()
-    print(f"run dir: {run_dir}")
+    trainer = Trainer(cfg, run_dir, checkpoint=payload)
+    try:
+        trainer.fit()
+    finally:
+        trainer.dist.close()
+    if trainer.dist.main:
+        print(f"run dir: {run_dir}")
 
 
 def entry() -> None:

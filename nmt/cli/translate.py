@@ -13,7 +13,6 @@ from tqdm import tqdm
 from nmt.cli.common import compose, print_help, run
 from nmt.config import Config, DecodeConfig, TranslateConfig
 from nmt.data.corpus import iter_lines
-from nmt.errors import NmtError
 from nmt.fileio import atomic_open
 from nmt.runtime import resolve_device
 from nmt.translation import Translation, Translator
@@ -39,7 +38,7 @@ def load_translator(checkpoint: str, decode: DecodeConfig, device_name: str) -> 
     """A Translator for a checkpoint file or run dir, and the config the model was trained with."""
     from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
 
-    device = resolve_device(device_name)
+    device = resolve_device(device_name, key="device")
     model, tokenizer, train_cfg = model_from_checkpoint(load_checkpoint(checkpoint, device), device)
     return Translator(model, tokenizer, decode, device), train_cfg
 
@@ -68,13 +67,6 @@ def output_lines(translator: Translator, results: list[Translation], first_index
             yield f"{index}\t{hyp.norm_score:.4f}\t{one_line(next(texts))}"
 
 
-def check(cfg: TranslateConfig) -> None:
-    if cfg.chunk_size < 1:
-        raise NmtError(f"chunk_size={cfg.chunk_size}: expected a positive number of lines")
-    if cfg.plot_n < 0:
-        raise NmtError(f"plot_n={cfg.plot_n}: expected 0 or more")
-
-
 def translate_stream(cfg: TranslateConfig, translator: Translator, lines: Iterator[str], out: IO[str], stack: ExitStack) -> None:
     """Translate and write `chunk_size` lines at a time; attention records and plots as asked."""
     from nmt.attention_io import HeatMaps, attention_record, attention_writer
@@ -100,7 +92,6 @@ def main(argv: list[str]) -> int | None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     cfg = compose("translate", argv)
-    check(cfg)
     translator, _ = load_translator(cfg.checkpoint, cfg.decode, cfg.device)
     lines = iter_lines(cfg.input)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from nmt.config import DataConfig
+from nmt.data.batching import Batch, make_batch
 from nmt.data.corpus import ParallelText, read_hf, read_parallel, side_path
 from nmt.data.synthetic import generate_toy_corpus
 from nmt.data.tokenizer import Tokenizer
@@ -35,6 +36,14 @@ class Split:
 
     def __len__(self) -> int:
         return len(self.src_ids)
+
+    def lengths(self) -> tuple[list[int], list[int]]:
+        """Source and target lengths in subword tokens (without EOS/BOS), what batching needs."""
+        return [len(s) for s in self.src_ids], [len(t) for t in self.tgt_ids]
+
+    def batch(self, indices: list[int]) -> Batch:
+        """The padded batch of these pairs."""
+        return make_batch([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices])
 
 
 @dataclass

@@ -131,15 +131,20 @@ class RNNDecoder(nn.Module):
         return torch.stack(logits, 1), torch.stack(attn, 1) if need_attn else None
 
 
-def check_rnn(
-    decoder: str, cell: str, bridge: str, score: str, window: str, attention: str, dim: int, embed_dim: int, bidirectional: bool, tie_output: bool
-) -> None:
-    """Fail on a name that is not one of the choices (listing them) or on sizes that cannot fit together."""
+def check_rnn_names(cell: str, bridge: str, score: str, window: str, attention: str) -> None:
+    """Fail on a cell, bridge, score, window or attention kind that is not one of the choices, listing them."""
     if cell not in CELLS:
         raise NmtError(f"model.cell={cell}: unknown; expected one of {', '.join(CELLS)}")
     if bridge not in BRIDGES:
         raise NmtError(f"model.bridge={bridge}: unknown; expected one of {', '.join(BRIDGES)}")
     check_attention(score, window, attention)
+
+
+def check_rnn(
+    decoder: str, cell: str, bridge: str, score: str, window: str, attention: str, dim: int, embed_dim: int, bidirectional: bool, tie_output: bool
+) -> None:
+    """Fail on a name that is not one of the choices (listing them) or on sizes that cannot fit together."""
+    check_rnn_names(cell, bridge, score, window, attention)
     if bidirectional and dim % 2:
         raise NmtError(f"model.dim={dim}: a bidirectional encoder needs an even dim (dim / 2 per direction)")
     if decoder == "luong" and tie_output and embed_dim != dim:

@@ -105,12 +105,18 @@ BUILDERS: dict[str, Callable[[ModelConfig, int, int, bool], Seq2Seq]] = {
 
 
 def check_model_config(cfg: ModelConfig) -> None:
-    """Names the builder would not know, caught before any data is prepared (ModelConfig runs this)."""
+    """Names and sizes the builder could not use, caught at composition (ModelConfig runs this).
+
+    Every name is checked whichever arch reads it, so a typo never passes because this arch ignores the key.
+    """
+    from nmt.models.rnn import check_rnn, check_rnn_names
+
     if cfg.arch not in BUILDERS:
         raise NmtError(f"model.arch={cfg.arch}: unknown; expected one of {', '.join(sorted(BUILDERS))}")
+    check_rnn_names(cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention)
+    if cfg.arch == "transformer" and cfg.dim % cfg.heads:
+        raise NmtError(f"model.dim={cfg.dim} with model.heads={cfg.heads}: the model dim must be a multiple of the number of heads")
     if cfg.arch in ("bahdanau", "luong"):
-        from nmt.models.rnn import check_rnn
-
         embed_dim = cfg.dim if cfg.embed_dim is None else cfg.embed_dim
         check_rnn(cfg.arch, cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention, cfg.dim, embed_dim, cfg.bidirectional, cfg.tie_embeddings)
 

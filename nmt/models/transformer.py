@@ -22,9 +22,6 @@ from torch import nn
 
 from nmt.models.seq2seq import Enc, Seq2Seq, State
 
-NORMS = ("pre", "post")
-
-
 def sinusoidal_positions(length: int, dim: int, offset: int = 0) -> torch.Tensor:
     """(length, H) sinusoidal position encodings for positions offset..offset+length-1."""
     pos = torch.arange(offset, offset + length, dtype=torch.float32).unsqueeze(1)
@@ -55,8 +52,6 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, dim: int, heads: int, dropout: float, scale: bool = True):
         super().__init__()
-        if dim % heads:
-            raise ValueError(f"model.dim={dim} must be divisible by model.heads={heads}")
         self.heads, self.head_dim = heads, dim // heads
         self.scale = 1 / math.sqrt(self.head_dim) if scale else 1.0
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim) for _ in range(4))
@@ -107,8 +102,6 @@ class Residual(nn.Module):
 
     def __init__(self, dim: int, dropout: float, norm: str):
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"model.norm={norm}: unknown; expected one of {', '.join(NORMS)}")
         self.norm = nn.LayerNorm(dim)
         self.pre = norm == "pre"
         self.dropout = nn.Dropout(dropout)

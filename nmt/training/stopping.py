@@ -30,14 +30,6 @@ class EarlyStopping:
     best: list[tuple[int, float]] = field(default_factory=list)  # (step, score), best first, at most keep_best
     since_best: int = 0  # validations in a row without a new best
 
-    def __post_init__(self) -> None:
-        if self.metric not in HIGHER_IS_BETTER:
-            raise NmtError(f"train.early_stop_metric={self.metric}: unknown; expected one of {', '.join(HIGHER_IS_BETTER)}")
-        if self.patience is not None and self.patience < 1:
-            raise NmtError(f"train.patience={self.patience}: expected a positive number of validations, or null")
-        if self.keep_best < 1:
-            raise NmtError(f"train.keep_best={self.keep_best}: expected at least 1")
-
     def better(self, a: float, b: float) -> bool:
         return a > b if HIGHER_IS_BETTER[self.metric] else a < b
 
@@ -73,10 +65,6 @@ class BadStepGuard:
     max_in_a_row: int
     in_a_row: int = 0
     total: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_in_a_row < 1:
-            raise NmtError(f"train.max_bad_steps={self.max_in_a_row}: expected at least 1")
 
     def good(self) -> None:
         self.in_a_row = 0

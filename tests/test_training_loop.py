@@ -1,0 +1,86 @@
+"""The loop's limits and reports: train.max_time, progress lines in train.log, gradient accumulation,
+precision, and data-parallel training over two processes."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from nmt.data.batching import make_batch
+from nmt.errors import NmtError
+from nmt.training.trainer import Trainer
+from tests.conftest import tiny_config
+from tests.test_resume import fork, needs_fork, wait
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def test_max_time_stops_after_the_first_update_past_it(toy_dir, cache, tmp_path):
+    cfg = tiny_config(toy_dir, cache, max_steps=1000, max_time=1e-6, valid_every=500, save_every=500)
+    results = Trainer(cfg, tmp_path / "run", log=lambda line: None).fit()
+    assert results["steps"] == 1 and results["timed_out"]
+    written = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert written["steps"] == 1 and "valid_bleu" in written and written["best"]["step"] == 1  # validated and saved as at max_steps
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+
+
+def test_progress_lines_go_to_train_log(toy_dir, cache, tmp_path):
+    cfg = tiny_config(toy_dir, cache, max_steps=4, log_every=2, valid_every=100)
+    Trainer(cfg, tmp_path / "run", log=lambda line: None).fit()
+    lines = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if line.startswith("step ") and "tok/s" in line]
+    assert [line.split(" |")[0] for line in lines] == ["step 2/4", "step 4/4"]
+    assert all(" | epoch 0." in line and " loss " in line and " ppl " in line and " lr " in line and "ETA" in line for line in lines), lines
+
+
+def test_accumulated_batches_give_the_update_of_one_batch_holding_them(toy_dir, cache, tmp_path):
+    pairs = [([5, 6, 7, 8], [9, 10]), ([11, 12], [13, 14, 15, 16, 17]), ([18, 19, 20], [21]), ([22], [23, 24, 25])]
+    parts = [make_batch([s for s, _ in pairs[:2]], [t for _, t in pairs[:2]]), make_batch([s for s, _ in pairs[2:]], [t for _, t in pairs[2:]])]
+    whole = make_batch([s for s, _ in pairs], [t for _, t in pairs])
+    grads = []
+    for name, batches in (("a", parts), ("b", [whole])):
+        trainer = Trainer(tiny_config(toy_dir, cache, lr=1e-2, warmup=0, schedule="constant"), tmp_path / name, log=lambda line: None)
+        step = trainer.precision.step
+        trainer.precision.step = lambda optimizer: (grads.append([p.grad.clone() for p in trainer.model.parameters()]), step(optimizer))
+        assert trainer.train_step(batches) is not None
+    assert len(grads) == 2
+    for a, b in zip(*grads):  # the gradient of the update (Adam's first step then turns it into about lr * sign(g))
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_fp16_needs_cuda_and_bf16_trains_on_a_cpu(toy_dir, cache, tmp_path):
+    with pytest.raises(NmtError, match="train.precision=fp16: needs a CUDA device"):
+        Trainer(tiny_config(toy_dir, cache, precision="fp16", device="cpu"), tmp_path / "a", log=lambda line: None)
+    assert not (tmp_path / "a").exists()
+    results = Trainer(tiny_config(toy_dir, cache, precision="bf16", max_steps=3, valid_every=3), tmp_path / "b", log=lambda line: None).fit()
+    assert results["steps"] == 3 and results["precision"] == "bf16" and results["valid_loss"] < 10
+    weights = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert all(v.dtype == torch.float32 for v in weights.values() if v.is_floating_point())  # fp32 master weights
+
+
+@needs_fork
+def test_two_processes_reach_the_parameters_of_one_with_the_same_global_batch(toy_dir, cache, tmp_path):
+    """torchrun's view, made by hand: RANK/WORLD_SIZE in the environment, gloo on CPU, 2 processes of 1 thread."""
+    common = dict(max_steps=4, valid_every=100, save_every=100, lr=3e-3, warmup=2, batch_tokens=300)
+    Trainer(tiny_config(toy_dir, cache, accumulate=2, **common), tmp_path / "one", log=lambda line: None).fit()  # builds the cache first
+    port = 29500 + os.getpid() % 1000
+    children = []
+    for rank in (0, 1):
+
+        def work(rank=rank):
+            os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            Trainer(tiny_config(toy_dir, cache, **common), tmp_path / "two", log=lambda line: None).fit()
+            os._exit(0)
+
+        children.append(fork(work))
+    assert [wait(pid, timeout=240) for pid in children] == [0, 0]
+    one = torch.load(tmp_path / "one" / "checkpoints" / "last.pt", weights_only=True)
+    two = torch.load(tmp_path / "two" / "checkpoints" / "last.pt", weights_only=True)
+    assert one["step"] == two["step"] == 4
+    for key, value in one["model"].items():
+        torch.testing.assert_close(two["model"][key], value, rtol=1e-4, atol=1e-5)
+    results = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert results["world_size"] == 2 and len((tmp_path / "two" / "train.log").read_text().split("model: ")) == 2  # rank 0 writes alone
