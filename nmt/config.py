@@ -86,6 +86,7 @@ class DataConfig:
     hf: Optional[str] = None  # a `datasets` dataset (local save_to_disk folder or hub name)
     synthetic: Optional[str] = key(None, one_of("toy"))  # "toy": generate the toy corpus into the train folder if missing
     synthetic_seed: int = key(1, at_least(0))
+    fetch: Optional[str] = key(None, one_of("multi30k"))  # nmt-prepare downloads this public corpus into data.root when missing
     max_len: int = key(100, at_least(1))  # training pairs longer than this (subword tokens, either side) are removed
     max_ratio: Optional[float] = key(3.0, at_least(1))  # pairs whose longer side is this many times the shorter are removed
     vocab_size: int = key(8000, at_least(8))

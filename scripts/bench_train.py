@@ -1,11 +1,16 @@
-"""Training throughput: target tokens/s of train steps for any recipe, median of several runs.
+"""Training throughput of recipes: target tokens/s, padding, peak memory and model-FLOPs utilisation.
 
-    python scripts/bench_train.py data=multi30k_en_de data.root=../shared/data/multi30k model=transformer
-    python scripts/bench_train.py --steps 20 --runs 5 experiment=quickstart
+    python scripts/bench_train.py experiment=bench_transformer data.root=../shared/data/multi30k
+    python scripts/bench_train.py --precisions fp32,bf16 --runs 5 experiment=bench_rnn data.root=../shared/data/multi30k
+    python scripts/bench_train.py --steps 20 experiment=quickstart
 
-Each run times `--steps` optimizer steps on consecutive training batches (after `--warmup` untimed
-steps) and counts target tokens (no padding). Prints tokens/s per run, the median, sentences/s and
-peak resident memory. Uses torch's default thread count unless train.threads is given.
+For each precision, each run times `--steps` updates on consecutive training batches of epoch 0 (after
+`--warmup` untimed updates), counts target tokens (EOS included, no padding) and prints tokens/s per run
+and the median. Also printed: the padding fraction of the epoch's batches (padded positions that hold no
+token, source and target), peak resident memory, and model-FLOPs utilisation: the FLOPs of one update
+(forward and backward, counted by torch.utils.flop_counter) times updates/s, over the matmul peak this
+script measures on this machine for the same precision (a 2048 x 2048 x 2048 product, best of 5).
+Uses torch's default thread count unless train.threads is given; measure on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -16,12 +21,96 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.cli.common import compose
 from nmt.data.batching import token_batches
 from nmt.training.trainer import Trainer
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def matmul_peak(precision: str, device: torch.device, n: int = 2048) -> float:
+    """FLOP/s of the best of 5 n x n x n matrix products in this precision."""
+    a = torch.randn(n, n, device=device, dtype=DTYPES[precision])
+    b = torch.randn(n, n, device=device, dtype=DTYPES[precision])
+    best = float("inf")
+    for _ in range(6):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def padding(src_lens: list[int], tgt_lens: list[int], batches: list[list[int]]) -> tuple[float, float]:
+    """Share of padded positions that hold no token, (source, target), over the batches (EOS/BOS counted as tokens)."""
+    fractions = []
+    for lens in (src_lens, tgt_lens):
+        real = padded = 0
+        for batch in batches:
+            longest = max(lens[i] for i in batch) + 1
+            real += sum(lens[i] + 1 for i in batch)
+            padded += longest * len(batch)
+        fractions.append(1 - real / padded)
+    return fractions[0], fractions[1]
+
+
+def update_flops(trainer: Trainer, batch) -> float:
+    """FLOPs of one update's forward and backward on this batch."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        trainer.train_step([batch])
+    return float(counter.get_total_flops())
+
+
+def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
+    cfg = replace(cfg, train=replace(cfg.train, precision=precision))
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(cfg, run_dir, log=lambda line: print(line, file=sys.stderr))
+        train = trainer.data.splits["train"]
+        src_lens, tgt_lens = train.lengths()
+        batches = token_batches(src_lens, tgt_lens, cfg.train.batch_tokens, cfg.train.seed, 0)
+        flops = update_flops(trainer, train.batch(batches[0]))
+        flops_per_token = flops / train.batch(batches[0]).target_tokens
+        position, rates, sentence_rates = 1, [], []
+        for run in range(runs):
+            for _ in range(warmup):
+                trainer.train_step([train.batch(batches[position % len(batches)])])
+                position += 1
+            tokens = sentences = 0
+            start = time.perf_counter()
+            for _ in range(steps):
+                indices = batches[position % len(batches)]
+                batch = train.batch(indices)
+                trainer.train_step([batch])
+                tokens += batch.target_tokens
+                sentences += len(indices)
+                position += 1
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start
+            rates.append(tokens / elapsed)
+            sentence_rates.append(sentences / elapsed)
+            print(f"{precision} run {run + 1}: {tokens / elapsed:,.0f} target tokens/s, {sentences / elapsed:,.1f} sentences/s", file=sys.stderr)
+        peak = matmul_peak(precision, trainer.device)
+        tokens_per_s = statistics.median(rates)
+        return {
+            "precision": precision,
+            "tokens_per_s": tokens_per_s,
+            "sentences_per_s": statistics.median(sentence_rates),
+            "padding": padding(src_lens, tgt_lens, batches),
+            "mfu": flops_per_token * tokens_per_s / peak,
+            "peak_gflops": peak / 1e9,
+            "model": f"{cfg.model.arch} d{cfg.model.dim} x{cfg.model.layers}, {sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M parameters",
+            "device": str(trainer.device),
+        }
 
 
 def main(argv: list[str]) -> None:
@@ -29,36 +118,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--precisions", default="fp32", help="comma-separated: fp32, bf16, fp16 (CUDA)")
     args, overrides = parser.parse_known_args(argv)
     cfg = compose("config", overrides + ["train.progress=false"])
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(cfg, run_dir, log=lambda line: print(line, file=sys.stderr))
-        train = trainer.data.splits["train"]
-        batches = token_batches(*train.lengths(), cfg.train.batch_tokens, cfg.train.seed, 0)
-        position, rates, sentence_rates = 0, [], []
-        for run in range(args.runs):
-            for _ in range(args.warmup):
-                trainer.train_step([train.batch(batches[position % len(batches)])])
-                position += 1
-            tokens = sentences = 0
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                indices = batches[position % len(batches)]
-                batch = train.batch(indices)
-                trainer.train_step([batch])
-                tokens += batch.target_tokens
-                sentences += len(indices)
-                position += 1
-            elapsed = time.perf_counter() - start
-            rates.append(tokens / elapsed)
-            sentence_rates.append(sentences / elapsed)
-            print(f"run {run + 1}: {tokens / elapsed:,.0f} target tokens/s, {sentences / elapsed:,.1f} sentences/s")
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(
-        f"median: {statistics.median(rates):,.0f} target tokens/s, {statistics.median(sentence_rates):,.1f} sentences/s | "
-        f"model {cfg.model.arch} d{cfg.model.dim} x{cfg.model.layers}, batch_tokens {cfg.train.batch_tokens}, "
-        f"threads {torch.get_num_threads()}, device {trainer.device} | peak RSS {peak_mb:,.0f} MB"
-    )
+    results = [bench(cfg, p, args.steps, args.warmup, args.runs) for p in args.precisions.split(",")]
+    print(f"\n{results[0]['model']}, batch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}, device {results[0]['device']}")
+    print(f"padding: source {results[0]['padding'][0]:.1%}, target {results[0]['padding'][1]:.1%} of padded positions")
+    print("| precision | target tokens/s | sentences/s | matmul peak GFLOP/s | MFU |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['precision']} | {r['tokens_per_s']:,.0f} | {r['sentences_per_s']:,.1f} | {r['peak_gflops']:,.0f} | {r['mfu']:.1%} |")
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
 
 
 if __name__ == "__main__":

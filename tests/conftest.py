@@ -47,3 +47,28 @@ def random_batch(vocab: int, src_lens=(7, 3, 5), tgt_lens=(6, 2, 4), seed: int =
     src = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in src_lens]
     tgt = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in tgt_lens]
     return make_batch(src, tgt)
+
+
+@pytest.fixture(scope="module")
+def small_corpus(toy_dir, tmp_path_factory):
+    """240 training pairs (about 12 batches an epoch, so 24 updates cross an epoch boundary) and 20 validation pairs."""
+    out = tmp_path_factory.mktemp("small")
+    for split, n in (("train", 240), ("valid", 20)):
+        for side in ("src", "tgt"):
+            write(out / f"{split}.{side}", (toy_dir / f"{split}.{side}").read_text().splitlines()[:n])
+    from nmt.cli.common import compose
+    from nmt.data.dataset import prepare_data
+
+    prepare_data(compose("config", run_args(out)).data, log=lambda line: None)  # the runs share this cache
+    return out
+
+
+def run_args(corpus: Path) -> list[str]:
+    """A tiny model with dropout (so the torch RNG matters), checkpoints every 10 updates, validation every 8."""
+    return [
+        "data=toy", "data.synthetic=null", f"data.train={corpus}/train", f"data.valid={corpus}/valid", "data.test=null",
+        "data.vocab_size=100", f"data.cache_dir={corpus}/cache", "model.dim=16", "model.layers=1", "model.heads=2",
+        "model.ffn_dim=32", "model.dropout=0.2", "train.max_steps=24", "train.batch_tokens=256", "train.warmup=5",
+        "train.save_every=10", "train.valid_every=8", "train.keep_last=2", "train.threads=1", "train.progress=false",
+        "train.seed=7", "train.valid_bleu_sentences=8", "decode.max_len_a=1.0", "decode.max_len_b=2",
+    ]

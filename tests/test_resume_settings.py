@@ -8,14 +8,13 @@ import pytest
 import torch
 
 from nmt.cli import train
-from nmt.data.dataset import Split
 from nmt.training.trainer import Trainer
 from tests.test_cli import cli
-from tests.test_resume import run_args, small_corpus  # noqa: F401  (fixture)
+from tests.conftest import run_args
 
 
 @pytest.fixture(scope="module")
-def stopped(small_corpus, tmp_path_factory):  # noqa: F811
+def stopped(small_corpus, tmp_path_factory):
     """A run stopped at step 5 (mid-way through its first epoch of about 12 batches), checkpoint at step 5."""
     work = tmp_path_factory.mktemp("stopped")
     code = _run(run_args(small_corpus) + ["train.max_steps=5", "train.save_every=5", f"run_dir={work}/run"])
@@ -61,7 +60,7 @@ def record_batches(monkeypatch) -> dict:
     return seen
 
 
-def test_new_batching_starts_with_the_next_epoch(small_corpus, tmp_path, capsys, monkeypatch):  # noqa: F811
+def test_new_batching_starts_with_the_next_epoch(small_corpus, tmp_path, capsys, monkeypatch):
     seen = record_batches(monkeypatch)
     run_dir = tmp_path / "run"
     assert _run(run_args(small_corpus) + ["train.max_steps=5", "train.save_every=5", f"run_dir={run_dir}"]) == 0
@@ -86,7 +85,7 @@ def test_another_ranking_metric_is_refused(stopped, tmp_path, capsys):
     assert code == 2 and "train.early_stop_metric cannot change on resume (bleu -> loss)" in err
 
 
-def test_sampling_validation_continues_its_stream(small_corpus, tmp_path, capsys):  # noqa: F811
+def test_sampling_validation_continues_its_stream(small_corpus, tmp_path, capsys):
     sampling = ["decode=sampling", "train.valid_every=4", "train.save_every=4"]
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert _run(run_args(small_corpus) + sampling + ["train.max_steps=8", f"run_dir={whole}"]) == 0

@@ -9,7 +9,7 @@ import torch
 from nmt.cli import average, train, translate
 from nmt.errors import NmtError
 from nmt.training.checkpoint import load_checkpoint
-from nmt.training.stopping import EarlyStopping, TrainingStopped
+from nmt.training.stopping import TrainingStopped
 from nmt.training.trainer import Trainer
 from tests.conftest import tiny_config
 from tests.test_cli import TINY, cli, toy_overrides

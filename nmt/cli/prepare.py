@@ -8,7 +8,10 @@ USAGE = """
 usage: nmt-prepare [KEY=VALUE ...]
 
 Read, validate, filter and tokenize a corpus ahead of training (nmt-train does it on demand too).
+Recipes of public corpora (data.fetch, e.g. data=multi30k_en_de) are downloaded into data.root first
+when missing (the only command that uses the network).
   nmt-prepare data=toy
+  nmt-prepare data=multi30k_en_de                                   (downloads into data/multi30k)
   nmt-prepare data=multi30k_en_de data.root=../shared/data/multi30k data.vocab_size=8000
 """
 
@@ -19,6 +22,10 @@ def main(argv: list[str]) -> None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     cfg = compose("config", argv)
+    if cfg.data.fetch == "multi30k":
+        from nmt.data.fetch import fetch_multi30k
+
+        fetch_multi30k(cfg.data.root, (cfg.data.src, cfg.data.tgt))
     prepared = prepare_data(cfg.data)
     tok = prepared.tokenizer
     print(f"tokenizer: {cfg.data.spm_model}, {'joint' if tok.joint else 'separate'} vocabulary {tok.src_vocab_size}/{tok.tgt_vocab_size}")

@@ -113,6 +113,18 @@ def init_from_config(cfg: Config, overrides: list[str], saved: Config) -> Config
     return cfg
 
 
+def check_fetched(cfg: Config) -> None:
+    """A public corpus that is not in data.root yet: say how to get it, rather than a missing-file error."""
+    if cfg.data.fetch == "multi30k" and cfg.data.hf is None:
+        from nmt.data.fetch import missing_files, multi30k_files
+
+        if missing_files(cfg.data.root, multi30k_files((cfg.data.src, cfg.data.tgt))):
+            raise NmtError(
+                f"data.root={cfg.data.root}: Multi30k is not there; run `nmt-prepare data={cfg.data.name}` once to download it, "
+                "or set data.root to a folder holding {train,val,test_2016_flickr}" + f".{{{cfg.data.src},{cfg.data.tgt}}}.gz"
+            )
+
+
 def main(argv: list[str]) -> None:
     from nmt.training.checkpoint import LAST, checkpoint_config, load_checkpoint
     from nmt.training.trainer import Trainer
@@ -134,6 +146,7 @@ def main(argv: list[str]) -> None:
         if cfg.init_from:
             payload = load_checkpoint(cfg.init_from)
             cfg = init_from_config(cfg, argv, checkpoint_config(payload))
+    check_fetched(cfg)
     run_dir = Path(cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))
     trainer = Trainer(cfg, run_dir, checkpoint=payload)
     try:
