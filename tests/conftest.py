@@ -23,6 +23,12 @@ def toy_dir(tmp_path_factory) -> Path:
     return generate_toy_corpus(out, seed=3, sizes={"train": 3000, "valid": 100, "test": 100})
 
 
+@pytest.fixture(scope="session")
+def toy_cache(tmp_path_factory) -> Path:
+    """A dataset cache folder for the whole session: tests that share it prepare the toy corpus once."""
+    return tmp_path_factory.mktemp("toy_cache")
+
+
 def tiny_config(toy_dir: Path, cache_dir: Path, **train) -> Config:
     """A 1-layer d32 Transformer on the toy corpus, a few steps."""
     data = DataConfig(

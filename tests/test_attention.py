@@ -197,3 +197,75 @@ def test_hard_attention_samples_from_a_t_with_straight_through_gradients():
     context, _ = general(query, general.prepare(keys), keys, mask)
     context.sum().backward()
     assert general.inner.W_a.weight.grad.abs().sum() > 0
+
+
+def test_local_p_position_and_gaussian_worked_by_hand():
+    """Eq. 9 and eq. 10 on numbers worked by hand, D = 2 (sigma = 1), true lengths 5 and 2.
+
+    Fails if p_t used the padded length instead of S_b, another sigma than D / 2, no Gaussian, a
+    renormalised Gaussian, or a window other than [p_t - D, p_t + D].
+    """
+    attention = make_attention("dot", 2, 2, 2, window="local_p", window_size=2)
+    ln3 = math.log(3)
+    set_weights(attention, **{"W_p.weight": [[1.0, 0.0], [0.0, 1.0]], "v_p.weight": [[2 * ln3, 0.0]]})
+    query = torch.tensor([[[0.5 * ln3, 0.0]], [[0.5 * ln3, 0.0]]])  # (B=2, T=1, Q=2)
+    keys = torch.tensor([[[0.0, 1.0], [0.0, -2.0], [0.0, 0.5], [0.0, 3.0], [0.0, -1.0]]] * 2)  # (B, S=5, K): every dot score 0
+    mask = torch.tensor([[True, True, True, True, True], [True, True, False, False, False]])
+    # eq. 9: tanh(W_p h_t) = (tanh(ln(3) / 2), tanh(0)) = ((3 - 1) / (3 + 1), 0) = (0.5, 0)
+    #        v_p^T (0.5, 0) = 2 ln 3 * 0.5 = ln 3;  sigmoid(ln 3) = 3 / (3 + 1) = 0.75
+    #        p_t = S_b * 0.75 = 5 * 0.75 = 3.75 and 2 * 0.75 = 1.5
+    torch.testing.assert_close(attention.positions(query, mask, None), torch.tensor([[3.75], [1.5]]))
+    context, weights = attention(query, attention.prepare(keys), keys, mask)
+    # eq. 10, sigma = D / 2 = 1: a_t(s) = align(s) * exp(-(s - p_t)^2 / 2), align uniform over the window's real positions
+    # sentence 1, p = 3.75: window [1.75, 5.75] -> s = 2, 3, 4, align 1/3 each
+    #   exp(-1.75^2 / 2) / 3 = 0.216265 / 3 = 0.072088;  exp(-0.75^2 / 2) / 3 = 0.754840 / 3 = 0.251613;
+    #   exp(-0.25^2 / 2) / 3 = 0.969233 / 3 = 0.323078
+    # sentence 2, p = 1.5: window [-0.5, 3.5], real s = 0, 1, align 1/2 each
+    #   exp(-1.5^2 / 2) / 2 = 0.324652 / 2 = 0.162326;  exp(-0.5^2 / 2) / 2 = 0.882497 / 2 = 0.441248
+    expected = torch.tensor([[[0.0, 0.0, 0.072088, 0.251613, 0.323078]], [[0.162326, 0.441248, 0.0, 0.0, 0.0]]])
+    torch.testing.assert_close(weights, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(context, expected @ keys)
+
+
+def test_hard_attention_gradient_is_the_gumbel_softmax_relaxations():
+    """With the Gumbel noise fixed, d(loss)/d(scores) of hard attention equals that of its relaxation
+    y = softmax((log a + g) / tau) alone, computed in closed form and by autograd on the relaxation.
+
+    Fails if the straight-through gradient went through a instead of y, left out tau or the noise, or
+    if the forward pass did not take the argmax of y (here the noise moves it off argmax a).
+    """
+    tau = 0.5
+    attention = make_attention("dot", 2, 2, 2, kind="hard", tau=tau).train()
+    query = QUERY[:1].clone().requires_grad_()  # (1, 1, 2) = (1, 2)
+    keys, mask = KEYS[:1], MASK[:1]  # keys (1, 0), (0, 1), (1, 1): scores (1, 2, 3), argmax a = 2
+    values = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0]]])  # (1, S=3, 2)
+    upstream = torch.tensor([2.0, -1.0])  # loss = upstream . c_t, so d(loss)/d(weight_s) = w_s = upstream . v_s = (2, -2, -3)
+    noise = torch.tensor([[[0.1, 0.5, 1.5]]])  # the Exp(1) draws E; g = -log E = (2.302585, 0.693147, -0.405465)
+    drawn = []
+
+    def fixed_draw(tensor, *args, **kwargs):
+        drawn.append(tensor.shape)
+        return tensor.copy_(noise.expand_as(tensor))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "exponential_", fixed_draw)
+        context, weights = attention(query, attention.prepare(keys), values, mask)
+    assert drawn == [torch.Size([1, 1, 3])]
+    (context[0, 0] @ upstream).backward()
+
+    scores = torch.tensor([1.0, 2.0, 3.0])
+    gumbel = -noise[0, 0].log()
+    y = torch.softmax((torch.log_softmax(scores, -1) + gumbel) / tau, -1)  # (0.650, 0.192, 0.158): argmax 0, not 2
+    torch.testing.assert_close(weights.detach(), torch.tensor([[[1.0, 0.0, 0.0]]]))
+    torch.testing.assert_close(context.detach(), values[:, :1])
+    # closed form: d(loss)/d(z_s) = y_s (w_s - sum_j y_j w_j) / tau for z = log a + g; the log-softmax of the
+    # scores adds -a_s * sum_k d(loss)/d(z_k) = 0, so d(loss)/d(scores) is the same vector
+    w = values[0] @ upstream
+    by_formula = y * (w - (y * w).sum()) / tau
+    relaxed_scores = scores.clone().requires_grad_()
+    relaxed = torch.softmax((torch.log_softmax(relaxed_scores, -1) + gumbel) / tau, -1) @ values[0]
+    (relaxed @ upstream).backward()
+    torch.testing.assert_close(relaxed_scores.grad, by_formula)
+    torch.testing.assert_close(query.grad[0, 0], by_formula @ keys[0])  # scores_s = q . k_s
+    soft = torch.softmax(scores, -1)  # the gradient soft attention would give instead
+    assert not torch.allclose(query.grad[0, 0], (soft * (w - (soft * w).sum())) @ keys[0], atol=1e-3)

@@ -1,0 +1,112 @@
+"""The trainer's loss: label-smoothed cross-entropy worked by hand, padding ignored, and an update's loss
+and gradient normalised by the real target tokens of all its batches.
+
+A scripted stand-in for the model returns fixed logits, so the expected values come from the formula
+alone: with p = softmax(z), the token loss is (1 - eps) (-log p_y) + eps * mean_k (-log p_k) (torch's
+label smoothing: eps spread over all V classes), and its gradient in z is p - q, q = (1 - eps) onehot(y) + eps / V.
+"""
+
+import math
+
+import pytest
+import torch
+
+from nmt.data.batching import Batch, make_batch
+from nmt.data.tokenizer import PAD
+from nmt.training.trainer import Trainer
+from tests.conftest import tiny_config
+
+P_SKEWED = [0.1, 0.2, 0.3, 0.4]  # a V = 4 distribution
+P_UNIFORM = [0.25] * 4
+
+
+class Scripted(torch.nn.Module):
+    """Stands in for the model: the k-th call returns the k-th logits (B, T, V), whatever the batch."""
+
+    def __init__(self, *logits: torch.Tensor):
+        super().__init__()
+        self.logits = torch.nn.ParameterList(torch.nn.Parameter(z.clone()) for z in logits)
+        self.calls = 0
+
+    def forward(self, src, src_mask, tgt_in):
+        self.calls += 1
+        return self.logits[self.calls - 1]
+
+
+def logits_of(*rows: list[float]) -> torch.Tensor:
+    """(1, T, V) logits log p for the given distributions p, so that softmax gives p back."""
+    return torch.log(torch.tensor([rows]))
+
+
+def batch_of(targets: list[int]) -> Batch:
+    """A one-sentence batch whose target tokens (tgt_out) are `targets` (PAD for padding); the rest is unused."""
+    tgt = torch.tensor([targets])
+    return Batch(src=tgt.clone(), src_mask=torch.ones_like(tgt, dtype=torch.bool), tgt_in=tgt.clone(), tgt_out=tgt)
+
+
+@pytest.fixture
+def trainer(toy_dir, toy_cache, tmp_path):
+    return Trainer(tiny_config(toy_dir, toy_cache, label_smoothing=0.2), tmp_path / "run", log=lambda line: None)
+
+
+@pytest.mark.parametrize("eps, expected", [(0.0, math.log(10)), (0.2, 2.420941)])
+def test_label_smoothed_loss_worked_by_hand(trainer, eps, expected):
+    """Fails if the smoothing mass went to the V - 1 wrong classes only (1.074099 + 1.386294 = 2.460393 at
+    eps = 0.2), if eps were ignored, or if the loss were averaged instead of summed."""
+    # token 1: p = (0.1, 0.2, 0.3, 0.4), y = 3: -log p_y = -ln 0.4 = 0.916291
+    #   mean_k -log p_k = (2.302585 + 1.609438 + 1.203973 + 0.916291) / 4 = 1.508072
+    #   eps = 0.2: 0.8 * 0.916291 + 0.2 * 1.508072 = 0.733033 + 0.301614 = 1.034647
+    # token 2: p uniform, y = 1: both terms are ln 4 = 1.386294 for any eps
+    # sum, eps = 0: 0.916291 + 1.386294 = 2.302585 = ln 10;  eps = 0.2: 1.034647 + 1.386294 = 2.420941
+    loss = trainer.loss(batch_of([3, 1]), eps, net=Scripted(logits_of(P_SKEWED, P_UNIFORM)))
+    assert float(loss.detach()) == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.2])
+def test_padded_positions_change_neither_loss_nor_gradient(trainer, eps):
+    """Fails if PAD targets were scored (ignore_index missing) or smoothed."""
+    plain = Scripted(logits_of(P_SKEWED, P_UNIFORM))
+    padded = Scripted(torch.cat([logits_of(P_SKEWED, P_UNIFORM), torch.tensor([[[5.0, -3.0, 0.5, 2.0], [0.0, 9.0, -9.0, 1.0]]])], 1))
+    loss_plain = trainer.loss(batch_of([3, 1]), eps, net=plain)
+    loss_padded = trainer.loss(batch_of([3, 1, PAD, PAD]), eps, net=padded)
+    assert float(loss_padded.detach()) == pytest.approx(float(loss_plain.detach()), abs=1e-6)
+    (loss_plain + loss_padded).backward()
+    torch.testing.assert_close(padded.logits[0].grad[:, :2], plain.logits[0].grad)
+    assert (padded.logits[0].grad[:, 2:] == 0).all()
+
+
+def test_an_update_is_normalised_by_the_real_target_tokens_of_all_its_batches(trainer):
+    """Two batches of 2 and 1 real tokens (and padding): the update's loss and gradient are sums over the 3 tokens / 3.
+
+    Fails if each batch were averaged on its own (then (2.420941 / 2 + 1.386294) / 2 = 1.298382), if padding
+    counted as tokens, or if the sum were not divided.
+    """
+    net = Scripted(logits_of(P_SKEWED, P_UNIFORM, P_UNIFORM), logits_of(P_UNIFORM, P_SKEWED))
+    trainer.net = net
+    batches = [batch_of([3, 1, PAD]), batch_of([2, PAD])]
+    # token losses at eps = 0.2 (test above): 1.034647, 1.386294, and 1.386294 in the second batch
+    # (1.034647 + 1.386294 + 1.386294) / 3 = 3.807235 / 3 = 1.269078
+    assert trainer.train_step(batches) == pytest.approx(1.269078, abs=1e-5)
+    assert net.calls == 2
+    # gradient p - q over 3 tokens, q = 0.8 onehot(y) + 0.2 / 4:
+    #   y = 3, p = (0.1, 0.2, 0.3, 0.4): q = (0.05, 0.05, 0.05, 0.85), p - q = (0.05, 0.15, 0.25, -0.45)
+    #   y = 1, p uniform: q = (0.05, 0.85, 0.05, 0.05), p - q = (0.2, -0.6, 0.2, 0.2)
+    #   y = 2, p uniform: p - q = (0.2, 0.2, -0.6, 0.2)
+    expected_first = torch.tensor([[[0.05, 0.15, 0.25, -0.45], [0.2, -0.6, 0.2, 0.2], [0.0] * 4]]) / 3
+    expected_second = torch.tensor([[[0.2, 0.2, -0.6, 0.2], [0.0] * 4]]) / 3
+    torch.testing.assert_close(net.logits[0].grad, expected_first)
+    torch.testing.assert_close(net.logits[1].grad, expected_second)
+
+
+def test_a_padded_batch_has_the_loss_of_its_sentences_alone(trainer):
+    """Through the real model: the summed loss of a padded batch is the sum of its sentences' losses alone.
+
+    Fails if the model let padding into a real position (source or target) or the loss scored padding.
+    """
+    pairs = [([5, 6, 7, 8, 9], [10, 11]), ([12, 13], [14, 15, 16, 17, 18]), ([19], [20, 21, 22])]
+    model = trainer.model.eval()
+    with torch.no_grad():
+        together = trainer.loss(make_batch([s for s, _ in pairs], [t for _, t in pairs]), 0.1, net=model)
+        alone = [trainer.loss(make_batch([s], [t]), 0.1, net=model) for s, t in pairs]
+    assert float(together) == pytest.approx(float(sum(alone)), rel=1e-5)
+    assert make_batch([s for s, _ in pairs], [t for _, t in pairs]).target_tokens == sum(len(t) + 1 for _, t in pairs)
