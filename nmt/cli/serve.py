@@ -74,7 +74,11 @@ def serve(cfg: ServeConfig) -> None:
     if cfg.host not in LOOPBACK:
         print(f"nmt-serve: warning: host={cfg.host} accepts connections from other machines; there is no authentication", file=sys.stderr)
     config = uvicorn.Config(app, log_level="info" if cfg.serve.access_log else "warning", access_log=cfg.serve.access_log)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then raises it again
+        pass
+    print("nmt-serve: stopped", flush=True)
 
 
 def main(argv: list[str]) -> int | None:

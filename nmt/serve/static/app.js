@@ -68,7 +68,7 @@ async function init() {
   if (MODELS.length > 1) select.append(el("option", { value: "*", text: MODELS.map((m) => m.name).join(" and ") + " side by side" }));
   for (const m of MODELS) select.append(el("option", { value: m.name, text: `${m.name}: ${m.title}` }));
   $("beam").value = info.decode.beam;
-  $("beam").max = Math.min(...MODELS.map((m) => m.max_beam));
+  $("beam").title = `at most ${Math.min(...MODELS.map((m) => m.max_beam))}`;
   $("nbest").value = info.decode.nbest;
   $("text").maxLength = info.limits.max_chars;
 }
