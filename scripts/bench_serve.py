@@ -7,9 +7,11 @@ another host), waits for the address it prints, and runs --clients threads that 
 POST /v1/translate requests of 1 to --max-lines sentences drawn from --source with a fixed --seed. It prints
 requests/s and sentences/s over the whole run, the p50/p99 latency of a request, the failures (a non-200
 answer, a connection error, or a result count that differs from the line count), and the server's
-batching (requests per decoded batch, from /health). Then it stops the server, translates the same
-sentences in this process all at once, as nmt-translate does (same model, beam and threads), and prints
-the server's sentences/s as a fraction of that. The machine's load moves both figures: compare ratios.
+batching (requests per decoded batch and how busy the decoding thread was, from /health), and the CPU
+time of the server and of the clients. Then it stops the server, translates the same sentences in this
+process all at once, as nmt-translate does (same model, beam and threads), and prints the server's
+throughput as a fraction of that, per wall-clock second and per CPU second. On a machine shared with
+other jobs the wall-clock figures move with their load; the per-CPU-second ratio much less.
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ def stop_server(server: subprocess.Popen) -> None:
             server.wait()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def plan(sentences: list[str], args: argparse.Namespace) -> list[list[list[str]]]:
     """For each client, its requests: 1 to max_lines sentences each, drawn with the seed."""
     rng = random.Random(args.seed)
@@ -101,17 +112,17 @@ def load(base: str, work: list[list[list[str]]], beam: int) -> tuple[float, list
     return time.perf_counter() - started, latencies, failures
 
 
-def baseline(args: argparse.Namespace, sentences: list[str]) -> float:
-    """Sentences/s of the same sentences translated in this process at once (as nmt-translate does)."""
+def baseline(args: argparse.Namespace, sentences: list[str]) -> tuple[float, float]:
+    """The same sentences translated in this process at once, as nmt-translate does: (wall, CPU) seconds."""
     import torch
 
     from nmt.cli.translate import load_translator
 
     torch.set_num_threads(args.threads)
     translator, _ = load_translator(args.checkpoint, DecodeConfig(beam=args.beam), "cpu")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     translator.translate(sentences)
-    return len(sentences) / (time.perf_counter() - started)
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -139,9 +150,9 @@ def main() -> None:
     server, base = start_server(args)
     try:
         httpx.post(f"{base}/v1/translate", json={"text": sentences[:2]}, timeout=120).raise_for_status()  # warm-up
-        before = httpx.get(f"{base}/health").json()
+        before, cpu = httpx.get(f"{base}/health").json(), (cpu_seconds(server.pid), time.process_time())
         wall, latencies, failures = load(base, work, args.beam)
-        after = httpx.get(f"{base}/health").json()
+        after, cpu = httpx.get(f"{base}/health").json(), (cpu_seconds(server.pid) - cpu[0], time.process_time() - cpu[1])
     finally:
         stop_server(server)
     requests = args.clients * args.requests
@@ -149,11 +160,15 @@ def main() -> None:
     print(f"requests/s   {requests / wall:.1f}  ({requests} requests in {wall:.1f} s)")
     print(f"sentences/s  {total / wall:.1f}")
     print(f"latency      p50 {1000 * percentile(latencies, 50):.0f} ms, p99 {1000 * percentile(latencies, 99):.0f} ms")
-    print(f"batches      {batches} ({requests / max(batches, 1):.1f} requests per batch)")
+    busy = after["decode_s"] - before["decode_s"]
+    print(f"batches      {batches} ({requests / max(batches, 1):.1f} requests per batch); the decoding thread was busy {100 * busy / wall:.0f}% of the time")
+    print(f"CPU time     server {cpu[0]:.1f} s, load-test clients {cpu[1]:.1f} s, in {wall:.1f} s of wall time on {os.cpu_count()} cores")
     print(f"failures     {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
     if not args.no_baseline:
-        alone = baseline(args, [line for requests in work for lines in requests for line in lines])
-        print(f"in-process   {alone:.1f} sentences/s for the same sentences at once; the server reached {total / wall / alone:.2f}x of it")
+        alone, alone_cpu = baseline(args, [line for requests in work for lines in requests for line in lines])
+        print(f"in-process   {total / alone:.1f} sentences/s for the same sentences at once; the server reached {alone / wall:.2f}x of it")
+        print(f"per CPU-s    server {total / cpu[0]:.1f} sentences, in-process {total / alone_cpu:.1f} ({alone_cpu / cpu[0]:.2f}x): "
+              "the fair comparison on a machine shared with other jobs")
     sys.exit(1 if failures else 0)
 
 

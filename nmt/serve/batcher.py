@@ -1,6 +1,8 @@
 """Request batching: concurrent requests wait briefly in a queue and are decoded together.
 
-The first request of a batch waits at most `max_wait` seconds for others to join it; the batch closes
+The first request of a batch waits at most `max_wait` seconds for others to join it, counted from its
+arrival or from the end of the previous batch, whichever is later (so the clients that batch just answered
+can join with their next request, rather than every other batch holding half of them); the batch closes
 sooner once its requests hold `max_lines` lines (a larger request goes alone). The batch is handed to
 `work` in one worker thread, so the event loop keeps accepting requests (and answering /health) while
 the model runs, and the next batch gathers meanwhile. `work` returns one outcome per request, in order:
@@ -34,6 +36,8 @@ class Batcher:
         self.running: list[Job] = []  # the batch in the worker thread
         self.task: asyncio.Task | None = None
         self.batches = self.jobs = 0  # counted for /health
+        self.busy = 0.0  # seconds the worker thread spent in `work`
+        self.done = 0.0  # when the last batch ended (the event loop's clock)
 
     def start(self) -> None:
         """Start gathering batches on the running event loop (again after `stop`, on another loop too)."""
@@ -73,10 +77,13 @@ class Batcher:
             if not batch:
                 continue
             self.batches, self.jobs, self.running = self.batches + 1, self.jobs + len(batch), batch
+            started = loop.time()
             try:
                 outcomes = await loop.run_in_executor(self.executor, self.work, [job.payload for job in batch])
             except Exception as err:  # a bug in `work` itself: every job of the batch gets the error
                 outcomes = [err] * len(batch)
+            self.done = loop.time()
+            self.busy += self.done - started
             for job, outcome in zip(batch, outcomes):
                 if job.future.done():  # the caller went away
                     continue
@@ -87,11 +94,11 @@ class Batcher:
             self.running = []
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wait for a first job, then until max_wait after its arrival or until max_lines lines are queued."""
+        """Wait for a first job, then max_wait past its arrival (or the last batch's end), or until max_lines lines are queued."""
         while not self.pending:
             self.arrived.clear()
             await self.arrived.wait()
-        deadline = self.pending[0].arrived + self.max_wait
+        deadline = max(self.pending[0].arrived, self.done) + self.max_wait
         while sum(job.size for job in self.pending) < self.max_lines and (left := deadline - loop.time()) > 0:
             self.arrived.clear()
             with suppress(asyncio.TimeoutError):
