@@ -118,6 +118,7 @@ def test_every_line_gets_a_result_in_order(client, runs, sources):
             assert result["text"] == "" and result["score"] is None
     translator, _ = load_translator(runs["a"], DECODE, "cpu")  # the server says what nmt-translate says
     assert [r["text"] for r in got] == translator.translate(lines)
+    assert translate(client, {"text": []})["translations"] == []
 
 
 def test_nbest_scores_and_attention(client, sources):

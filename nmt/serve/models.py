@@ -85,11 +85,15 @@ class ServedModel:
         return [message.removeprefix("warning: ") for message in found]
 
     def results(self, translator: Translator, translations: list[Translation], attention: bool) -> list[dict[str, Any]]:
-        """One JSON-ready result per line: best text and score, the n-best list, and optionally the attention."""
+        """One JSON-ready result per line: best text and score, the n-best list, and optionally the attention.
+
+        `score` is the length-normalised log-probability that ranks hypotheses, `log_prob` the plain sum
+        (both rounded to 4 decimals, as nmt-translate prints them); attention weights are rounded to 4 too.
+        """
         texts = iter(translator.detokenize([h for r in translations for h in r.hyps]))
         out = []
         for r in translations:
-            nbest = [{"text": next(texts), "score": h.norm_score, "log_prob": h.score} for h in r.hyps]
+            nbest = [{"text": next(texts), "score": round(h.norm_score, 4), "log_prob": round(h.score, 4)} for h in r.hyps]
             result = {"text": nbest[0]["text"] if nbest else "", "score": nbest[0]["score"] if nbest else None, "nbest": nbest}
             if attention:
                 record = attention_record(0, r, translator.tokenizer)
