@@ -324,3 +324,8 @@ def test_a_port_in_use_is_a_one_line_error(capsys):
         assert f"host=127.0.0.1 port={port}: cannot listen there" in str(info.value)
     finally:
         taken.close()
+
+
+def test_help_lists_the_endpoints(capsys):
+    code, out, _ = cli(serve_cli.main, ["--help"], capsys)
+    assert code == 0 and "usage: nmt-serve checkpoint=PATH [compare=PATH]" in out and "POST /v1/translate" in out

@@ -70,7 +70,7 @@ def test_page_translates_and_hover_highlights_attended_tokens(server, toy_dir, t
     sentence = (toy_dir / "test.src").read_text().splitlines()[0]
     screenshot = Path(os.environ.get("NMT_SERVE_SCREENSHOT") or tmp_path / "serve.png")
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 720})
             page.goto(server + "/")
