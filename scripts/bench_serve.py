@@ -162,7 +162,9 @@ def main() -> None:
     print(f"latency      p50 {1000 * percentile(latencies, 50):.0f} ms, p99 {1000 * percentile(latencies, 99):.0f} ms")
     busy = after["decode_s"] - before["decode_s"]
     print(f"batches      {batches} ({requests / max(batches, 1):.1f} requests per batch); the decoding thread was busy {100 * busy / wall:.0f}% of the time")
-    print(f"CPU time     server {cpu[0]:.1f} s, load-test clients {cpu[1]:.1f} s, in {wall:.1f} s of wall time on {os.cpu_count()} cores")
+    decode_cpu = after["decode_cpu_s"] - before["decode_cpu_s"]
+    print(f"CPU time     server {cpu[0]:.1f} s (decoding {decode_cpu:.1f} s, the rest HTTP, JSON and batching), "
+          f"load-test clients {cpu[1]:.1f} s, in {wall:.1f} s of wall time on {os.cpu_count()} cores")
     print(f"failures     {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
     if not args.no_baseline:
         alone, alone_cpu = baseline(args, [line for requests in work for lines in requests for line in lines])

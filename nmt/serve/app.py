@@ -2,7 +2,7 @@
 
     POST /v1/translate   {"text": [...], "beam", "nbest", "attention", "model"} -> one result per line
     GET  /v1/models      each model's name, arch, attention variant, size, vocabularies, training steps
-    GET  /health         "ok", with the queue length, the batches and requests decoded, and the seconds spent decoding
+    GET  /health         "ok", with the queue length, the batches and requests decoded, and the seconds (and CPU seconds) spent decoding
     GET  /               the page (static/index.html, style.css, app.js)
 
 Every error is a JSON object {"error": "...", "field": ...}: 4xx for the client's mistakes (see
@@ -110,7 +110,7 @@ def create_app(models: list[ServedModel], settings: ServeSettings, decode: Decod
         })
 
     async def health(request: Request) -> JSONResponse:
-        counts = {"queued": len(batcher.pending), "batches": batcher.batches, "requests": batcher.jobs, "decode_s": round(batcher.busy, 3)}
+        counts = {"queued": len(batcher.pending), "batches": batcher.batches, "requests": batcher.jobs, "decode_s": round(batcher.busy, 3), "decode_cpu_s": round(batcher.busy_cpu, 3)}
         return JSONResponse({"status": "ok", "models": list(by_name)} | counts)
 
     async def page(request: Request) -> FileResponse:

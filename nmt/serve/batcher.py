@@ -12,6 +12,7 @@ its result, or the exception it raised, which only that request's caller receive
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
@@ -37,6 +38,7 @@ class Batcher:
         self.task: asyncio.Task | None = None
         self.batches = self.jobs = 0  # counted for /health
         self.busy = 0.0  # seconds the worker thread spent in `work`
+        self.busy_cpu = 0.0  # of which CPU seconds (the rest it waited for a core or the GIL)
         self.done = 0.0  # when the last batch ended (the event loop's clock)
 
     def start(self) -> None:
@@ -79,7 +81,7 @@ class Batcher:
             self.batches, self.jobs, self.running = self.batches + 1, self.jobs + len(batch), batch
             started = loop.time()
             try:
-                outcomes = await loop.run_in_executor(self.executor, self.work, [job.payload for job in batch])
+                outcomes = await loop.run_in_executor(self.executor, self._timed_work, [job.payload for job in batch])
             except Exception as err:  # a bug in `work` itself: every job of the batch gets the error
                 outcomes = [err] * len(batch)
             self.done = loop.time()
@@ -92,6 +94,14 @@ class Batcher:
                 else:
                     job.future.set_result(outcome)
             self.running = []
+
+    def _timed_work(self, payloads: list[Any]) -> list[Any]:
+        """`work`, counting the worker thread's CPU time."""
+        started = time.thread_time()
+        try:
+            return self.work(payloads)
+        finally:
+            self.busy_cpu += time.thread_time() - started
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wait for a first job, then max_wait past its arrival (or the last batch's end), or until max_lines lines are queued."""
