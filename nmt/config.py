@@ -256,6 +256,41 @@ class AverageConfig:
     def __post_init__(self) -> None:
         check_fields(self, "")
 
+
+@dataclass
+class ServeSettings:
+    """nmt-serve's limits per request and its batching (the `serve.` keys)."""
+
+    max_lines: int = key(64, at_least(1))  # lines per request
+    max_chars: int = key(20000, at_least(1))  # characters per request, all lines together
+    max_beam: int = key(16, at_least(1))  # the widest beam a request may ask for (nbest is at most its beam)
+    max_wait_ms: float = key(5.0, at_least(0))  # the first request of a batch waits this long for others to join it
+    max_batch_lines: int = key(256, at_least(1))  # a batch closes early once its requests hold this many lines
+    access_log: bool = True  # one log line per request on stderr
+
+    def __post_init__(self) -> None:
+        check_fields(self, "serve.")
+
+
+@dataclass
+class ServeConfig:
+    """nmt-serve: one or two checkpoints behind an HTTP API and a page that shows their attention."""
+
+    checkpoint: str = MISSING  # model "a": a checkpoint file or a run dir
+    compare: Optional[str] = None  # model "b", shown beside "a" on the page
+    host: str = "127.0.0.1"  # another address (0.0.0.0: every interface) is the user's explicit choice
+    port: int = key(8000, in_range(0, 65535, high_open=False))  # 0: any free port (the address is printed)
+    serve: ServeSettings = field(default_factory=ServeSettings)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the default search; requests may set beam and nbest
+    device: str = key("auto", DEVICE)
+    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
+        require(not self.decode.sampling, "decode.sampling=true: nmt-serve decodes by search only (a sample would depend on which requests share a batch)")
+        require(self.decode.beam <= self.serve.max_beam, f"decode.beam={self.decode.beam}: above serve.max_beam={self.serve.max_beam}")
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (the recipes' `defaults` name them)."""
     from hydra.core.config_store import ConfigStore
@@ -265,6 +300,7 @@ def register_configs() -> None:
     store.store(name="base_translate", node=TranslateConfig)
     store.store(name="base_evaluate", node=EvaluateConfig)
     store.store(name="base_average", node=AverageConfig)
+    store.store(name="base_serve", node=ServeConfig)
 
 
 def to_object(cfg: DictConfig):

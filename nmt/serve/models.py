@@ -1,0 +1,112 @@
+"""A checkpoint loaded for serving: what it is (GET /v1/models) and its translations as JSON-ready results.
+
+Translation goes through `Translator.translate_lines` (one result per line, empty lines stay empty,
+order kept, long sources cut) and the attention through `attention_record`, as in nmt-translate. Each
+(beam, nbest) pair gets a Translator of its own, built per batch, so a request's settings never touch
+another's; the model and tokenizer are shared and only the one worker thread runs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt.attention_io import attention_record
+from nmt.config import Config, DecodeConfig, ModelConfig
+from nmt.translation import Translation, Translator
+
+ARCH_NAMES = {"transformer": "Transformer", "bahdanau": "Bahdanau", "luong": "Luong"}
+WINDOWS = {"global": "global", "local_m": "local-m", "local_p": "local-p"}
+
+
+def attention_label(m: ModelConfig) -> str:
+    """The attention variant in a few words, e.g. "scaled dot-product, 4 heads" or "general score, local-p (D=10)"."""
+    if m.arch == "transformer":
+        return f"{'scaled' if m.scale else 'unscaled'} dot-product, {m.heads} head{'s' if m.heads > 1 else ''}"
+    window = WINDOWS[m.window] + ("" if m.window == "global" else f" (D={m.window_size})")
+    return f"{m.score} score, {window}" + (", hard" if m.attention == "hard" else "")
+
+
+def variant_keys(m: ModelConfig) -> dict[str, Any]:
+    """The model.* keys that choose the attention variant of this arch."""
+    if m.arch == "transformer":
+        return {"heads": m.heads, "scale": m.scale}
+    return {"score": m.score, "window": m.window, "window_size": m.window_size, "attention": m.attention}
+
+
+@dataclass
+class ServedModel:
+    """One loaded checkpoint under a name ("a", "b")."""
+
+    name: str
+    translator: Translator  # with the server's default search settings
+    config: Config  # the config it was trained with
+    steps: int  # training steps of the checkpoint
+    checkpoint: str  # the file it was read from
+
+    @property
+    def widest_beam(self) -> int:
+        """The target tokens a hypothesis may end in (all but PAD and BOS) bound the beam."""
+        return self.translator.tokenizer.tgt_vocab_size - 2
+
+    @cached_property
+    def info(self) -> dict[str, Any]:
+        """Name, architecture, attention variant, size, vocabularies and training steps."""
+        m, tokenizer = self.config.model, self.translator.tokenizer
+        return {
+            "name": self.name,
+            "checkpoint": self.checkpoint,
+            "arch": m.arch,
+            "title": f"{ARCH_NAMES.get(m.arch, m.arch)}: {attention_label(m)}",
+            "attention": attention_label(m),
+            "variant": variant_keys(m),
+            "dim": m.dim,
+            "layers": m.layers,
+            "parameters": sum(p.numel() for p in self.translator.model.parameters()),
+            "src_vocab_size": tokenizer.src_vocab_size,
+            "tgt_vocab_size": tokenizer.tgt_vocab_size,
+            "steps": self.steps,
+        }
+
+    def searcher(self, beam: int, nbest: int) -> Translator:
+        """A Translator with this beam and n-best size (the server's other decode settings), sharing the model."""
+        t = self.translator
+        return Translator(t.model, t.tokenizer, replace(t.decode, beam=beam, nbest=nbest), t.device, warn=lambda message: None)
+
+    def source_warnings(self, lines: list[str]) -> list[str]:
+        """The warnings for sources cut to decode.max_src_len, naming the line (counted from 1) of `lines`."""
+        found: list[str] = []
+        t = self.translator
+        Translator(t.model, t.tokenizer, t.decode, t.device, warn=found.append).encode(lines)
+        return [message.removeprefix("warning: ") for message in found]
+
+    def results(self, translator: Translator, translations: list[Translation], attention: bool) -> list[dict[str, Any]]:
+        """One JSON-ready result per line: best text and score, the n-best list, and optionally the attention.
+
+        `score` is the length-normalised log-probability that ranks hypotheses, `log_prob` the plain sum
+        (both rounded to 4 decimals, as nmt-translate prints them); attention weights are rounded to 4 too.
+        """
+        texts = iter(translator.detokenize([h for r in translations for h in r.hyps]))
+        out = []
+        for r in translations:
+            nbest = [{"text": next(texts), "score": round(h.norm_score, 4), "log_prob": round(h.score, 4)} for h in r.hyps]
+            result = {"text": nbest[0]["text"] if nbest else "", "score": nbest[0]["score"] if nbest else None, "nbest": nbest}
+            if attention:
+                record = attention_record(0, r, translator.tokenizer)
+                weights = np.round(record.attention.astype(np.float64), 4).tolist()
+                result["attention"] = {"src": record.src, "tgt": record.tgt, "weights": weights}
+            out.append(result)
+        return out
+
+
+def load_model(name: str, checkpoint: str, decode: DecodeConfig, device: torch.device) -> ServedModel:
+    """Read a checkpoint file or run dir (its best checkpoint) once, for serving."""
+    from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
+
+    payload = load_checkpoint(checkpoint, device)
+    model, tokenizer, cfg = model_from_checkpoint(payload, device)
+    return ServedModel(name, Translator(model, tokenizer, decode, device), cfg, payload["step"], payload["path"])

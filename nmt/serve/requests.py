@@ -1,0 +1,96 @@
+"""The body of POST /v1/translate, checked field by field before anything is queued.
+
+    {"text": ["line", ...], "beam": 5, "nbest": 1, "attention": false, "model": "a"}
+
+Only `text` is required; beam and nbest default to the server's decode settings, model to "a". Each
+mistake is a `RequestError` with an HTTP status and a one-line message that names the field: 400 for a
+body that is not a JSON object, 413 for too many lines or characters, 422 for a missing, unknown,
+wrong-typed or out-of-range field, or an unknown model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nmt.config import ServeSettings
+
+FIELDS = ("text", "beam", "nbest", "attention", "model")
+JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+class RequestError(Exception):
+    """A client mistake: the HTTP status, the field at fault (None for the body as a whole) and a message."""
+
+    def __init__(self, status: int, field: str | None, message: str):
+        super().__init__(message)
+        self.status, self.field, self.message = status, field, message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.message, "field": self.field}
+
+
+@dataclass(frozen=True)
+class TranslateRequest:
+    """A checked request: what the worker thread decodes."""
+
+    lines: tuple[str, ...]
+    beam: int
+    nbest: int
+    attention: bool
+    model: str
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object (400 otherwise)."""
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RequestError(400, None, f"the body is not valid JSON ({err}); expected an object such as {{\"text\": [\"a sentence\"]}}") from None
+    if not isinstance(value, dict):
+        raise RequestError(400, None, f"the body is a JSON {JSON_TYPES[type(value)]}; expected an object such as {{\"text\": [\"a sentence\"]}}")
+    return value
+
+
+def integer(body: dict[str, Any], name: str, default: int, low: int, high: int, why: str) -> int:
+    """body[name] as an int in [low, high] (a bool is not an int here); `why` says where `high` comes from."""
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(422, name, f"{name}={json.dumps(value)}: expected an integer")
+    if not low <= value <= high:
+        raise RequestError(422, name, f"{name}={value}: expected an integer in [{low}, {high}] ({why})")
+    return value
+
+
+def text_lines(body: dict[str, Any], settings: ServeSettings) -> tuple[str, ...]:
+    """body["text"]: a list of at most max_lines strings, max_chars characters in all."""
+    if "text" not in body:
+        raise RequestError(422, "text", "text: missing; expected a list of strings, one sentence each")
+    lines = body["text"]
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        raise RequestError(422, "text", f"text: expected a list of strings, one sentence each; got {json.dumps(lines)[:80]}")
+    if len(lines) > settings.max_lines:
+        raise RequestError(413, "text", f"text: {len(lines)} lines; at most serve.max_lines={settings.max_lines} per request")
+    chars = sum(len(line) for line in lines)
+    if chars > settings.max_chars:
+        raise RequestError(413, "text", f"text: {chars} characters; at most serve.max_chars={settings.max_chars} per request")
+    return tuple(lines)
+
+
+def parse_request(body: bytes, settings: ServeSettings, beams: dict[str, int], default_beam: int, default_nbest: int) -> TranslateRequest:
+    """Check a request body; `beams` maps each model name to the widest beam it accepts."""
+    fields = parse_json(body)
+    for name in fields:
+        if name not in FIELDS:
+            raise RequestError(422, name, f"{name}: unknown field; expected {', '.join(FIELDS)}")
+    lines = text_lines(fields, settings)
+    model = fields.get("model", "a")
+    if not isinstance(model, str) or model not in beams:
+        raise RequestError(422, "model", f"model={json.dumps(model)}: unknown; expected one of {', '.join(beams)}")
+    beam = integer(fields, "beam", min(default_beam, beams[model]), 1, beams[model], f"the widest beam model {model} accepts")
+    nbest = integer(fields, "nbest", min(default_nbest, beam), 1, beam, f"at most beam={beam}")
+    attention = fields.get("attention", False)
+    if not isinstance(attention, bool):
+        raise RequestError(422, "attention", f"attention={json.dumps(attention)}: expected true or false")
+    return TranslateRequest(lines, beam, nbest, attention, model)
