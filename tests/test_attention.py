@@ -197,3 +197,37 @@ def test_hard_attention_samples_from_a_t_with_straight_through_gradients():
     context, _ = general(query, general.prepare(keys), keys, mask)
     context.sum().backward()
     assert general.inner.W_a.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("score, window, D", [("general", "local_p", 2), ("additive", "local_p", 1), ("dot", "local_m", 2), ("concat", "local_m", 7)])
+def test_banded_window_equals_scoring_every_position_then_masking(score, window, D):
+    """The band scores 2D + 2 gathered keys per query; the dense reference scores all S and masks: same weights, context, gradients."""
+    torch.manual_seed(0)
+    attention = make_attention(score, 8, 8, 8, window=window, window_size=D)
+    query, keys, mask, steps = random_inputs(lengths=(13, 2, 9), T=11)
+    values = torch.randn(3, 13, 5)
+    leaves = [t.clone().requires_grad_() for t in (query, keys, values)]
+
+    def run(banded: bool):
+        q, k, v = (t.clone() for t in leaves)
+        prepared = attention.prepare(k)
+        if banded:
+            context, weights = attention(q, prepared, v, mask, steps)
+            log_w = attention.log_weights(q, prepared, mask, steps)
+        else:
+            log_w = attention.dense_log_weights(q, prepared, mask, steps)
+            weights = log_w.exp()
+            context = weights @ v
+        grads = torch.autograd.grad((context**2).sum() + (weights * torch.arange(13.0)).sum(), leaves + list(attention.parameters()), allow_unused=True)
+        return log_w.detach(), weights.detach(), context.detach(), grads
+
+    band, dense = run(True), run(False)
+    assert torch.equal(band[0].isneginf(), dense[0].isneginf())  # the same positions allowed
+    assert (band[0].isneginf().sum(-1) < 13).all()  # and every window holds one at least
+    torch.testing.assert_close(band[0].masked_fill(band[0].isneginf(), 0), dense[0].masked_fill(dense[0].isneginf(), 0))
+    torch.testing.assert_close(band[1], dense[1])
+    torch.testing.assert_close(band[2], dense[2])
+    for g_band, g_dense in zip(band[3], dense[3]):
+        assert (g_band is None) == (g_dense is None)
+        if g_band is not None:
+            torch.testing.assert_close(g_band, g_dense)

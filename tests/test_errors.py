@@ -63,15 +63,15 @@ def test_missing_file(tmp_path, capsys):
 
 
 def test_unreadable_file(tmp_path, capsys, corpus, monkeypatch):
-    """Tests run as root, where chmod cannot deny a read: the OS error is simulated."""
-    read_bytes = Path.read_bytes
+    """Tests run as root, where chmod cannot deny a read: the OS error is simulated (the corpus is streamed through Path.open)."""
+    open_path = Path.open
 
-    def denied(self):
+    def denied(self, *args, **kwargs):
         if self.name == "ok.tgt":
             raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return read_bytes(self)
+        return open_path(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(Path, "open", denied)
     train_fails(tmp_path, capsys, corpus / "ok", f"error: {corpus}/ok.tgt: permission denied")
 
 
