@@ -155,9 +155,14 @@ class LocalWindow(Attention):
     in-window weights are multiplied by exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2 (eq. 10). As in
     the paper they are not renormalised afterwards, so local-p weights sum to at most 1.
 
-    Only a band of 2D + 2 source positions around p_t is scored and summed (`band`), so a step costs
-    O(D), not O(S); `dense_log_weights` computes the same weights over all S positions.
+    On a long source only a band of W = 2D + 2 positions around p_t is scored and summed (`band`), so a
+    step costs O(D), not O(S); but it gathers W prepared keys of width K per query, so on a shorter
+    source, scoring every position and masking (`dense_log_weights`, the same weights) is cheaper.
     """
+
+    # The band from S >= band_from * W * K: where it measured faster than scoring all S positions with the
+    # cheapest scores (dot, general; scripts/bench_attention.py): K = 64 from S ~ 500, K = 256 from S ~ 1,500.
+    band_from = 1 / 3
 
     def __init__(self, scorer: Attention, predictive: bool, size: int, query_dim: int, attn_dim: int):
         super().__init__()
@@ -204,7 +209,13 @@ class LocalWindow(Attention):
         scores = self.score(query.reshape(B * T, 1, -1), keys).view(B, T, width)
         return self.in_window(scores, distance, inside), source
 
+    def banded(self, source_len: int, key_width: int) -> bool:
+        """Whether a source of this length, with prepared keys of this width, is scored in the band only."""
+        return source_len >= self.band_from * (2 * self.size + 2) * key_width
+
     def log_weights(self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.banded(mask.size(1), prepared.size(-1)):
+            return self.dense_log_weights(query, prepared, mask, steps)
         log_band, source = self.band(query, prepared, mask, steps)  # (B, T, W)
         full = log_band.new_full((*source.shape[:2], mask.size(1)), float("-inf"))
         return full.scatter(-1, source, log_band)  # (B, T, S)
@@ -212,11 +223,13 @@ class LocalWindow(Attention):
     def forward(
         self, query: torch.Tensor, prepared: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The context from the band's values alone; the weights (B, T, S) are the band scattered into zeros."""
+        """In the band: the context from the band's values alone, the weights (B, T, S) the band scattered into zeros."""
+        if not self.banded(mask.size(1), prepared.size(-1)):
+            return super().forward(query, prepared, values, mask, steps)
         log_band, source = self.band(query, prepared, mask, steps)
         band = log_band.exp()  # (B, T, W)
         context = (band[:, :, None, :] @ gather_rows(values, source)).squeeze(2)  # (B, T, 1, W) @ (B, T, W, H) -> (B, T, H)
-        weights = band.new_zeros(*source.shape[:2], mask.size(1)).scatter(-1, source, band)  # (B, T, S)
+        weights = band.new_zeros(*source.shape[:2], mask.size(1)).scatter_(-1, source, band)  # (B, T, S)
         return context, weights
 
     def dense_log_weights(
@@ -240,10 +253,10 @@ class LocalWindow(Attention):
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x (B, S, *) at positions index (B, T, W) -> (B, T, W, *)."""
-    B, T, W = index.shape
-    flat = index.reshape(B, T * W, 1).expand(-1, -1, x.size(-1))
-    return x.gather(1, flat).view(B, T, W, x.size(-1))
+    """x (B, S, *) at positions index (B, T, W) -> (B, T, W, *): whole rows copied (index_select), not element by element."""
+    B, S, _ = x.shape
+    rows = (index + S * torch.arange(B, device=index.device)[:, None, None]).flatten()  # (B * T * W,) into (B * S, *)
+    return x.reshape(B * S, -1).index_select(0, rows).view(*index.shape, -1)
 
 
 class HardAttention(Attention):
