@@ -31,7 +31,7 @@ from nmt.data.batching import token_batches
 from nmt.data.dataset import prepare_data
 
 LEXICON = 30_000  # pseudo-words per side
-CHUNK = 100_000  # pairs generated at a time
+CHUNK = 10_000  # pairs generated at a time (small: the generator must not set the memory high-water mark)
 
 
 def _words(rng: np.random.Generator, count: int) -> np.ndarray:

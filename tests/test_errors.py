@@ -298,12 +298,12 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
 
 
 def test_disk_full_while_writing_the_data_cache(tmp_path, capsys, corpus, monkeypatch):
-    import datasets
+    import pyarrow
 
-    def full(self, path, **kwargs):
+    def full(sink, schema):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(datasets.Dataset, "save_to_disk", full)
+    monkeypatch.setattr(pyarrow.ipc, "new_stream", full)  # what writes the cache's Arrow files
     code, _, err = cli(train.main, train_args(tmp_path, corpus / "ok"), capsys)
     one_error_line(code, err, f"error: data.cache_dir={tmp_path}/cache: cannot write the dataset cache (No space left on device)")
     assert not list((tmp_path / "cache").iterdir()) and not (tmp_path / "run").exists()

@@ -27,17 +27,14 @@ def token_batches(
     src_a, tgt_a = np.asarray(src_lens, dtype=np.int64) + 1, np.asarray(tgt_lens, dtype=np.int64) + 1  # + EOS / BOS
     ties = rng.random(len(src_a)) if shuffle else np.arange(len(src_a))
     order = np.lexsort((ties, src_a, tgt_a))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i, length in zip(order.tolist(), np.maximum(src_a, tgt_a)[order].tolist()):  # plain ints: a fast loop
-        if current and max(longest, length) * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
+    starts, count, longest = [], 0, 0  # where each batch starts in `order`
+    for position, length in enumerate(np.maximum(src_a, tgt_a)[order].tolist()):  # plain (mostly cached small) ints: a fast loop
+        if count and max(longest, length) * (count + 1) > batch_tokens:
+            starts.append(position)
+            count, longest = 0, 0
+        count += 1
         longest = max(longest, length)
-    if current:
-        batches.append(current)
+    batches = [chunk.tolist() for chunk in np.split(order, starts)] if len(order) else []
     if shuffle:
         rng.shuffle(batches)
     return batches

@@ -1,13 +1,15 @@
-"""From a data config to encoded train/valid/test splits, cached on disk with `datasets`.
+"""From a data config to encoded train/valid/test splits, cached on disk as Arrow files read with `datasets`.
 
 The cache key hashes the text of every split (a digest taken while the corpus is validated) with the
 tokenizer and filter settings, so a second run (or `nmt-prepare` ahead of training) reuses the
-tokenizer and the Arrow files when nothing changed.
+tokenizer and the Arrow files when nothing changed. A cache is a folder: `src.model` (and `tgt.model`
+for separate vocabularies), `{train,valid,test}.arrow` with the columns src_ids and tgt_ids, and
+`{train,valid,test}.text.arrow` with src_text and tgt_text.
 
-Corpora larger than memory: the validated text is streamed into an Arrow file, SentencePiece keeps a
-sample of it, `datasets.map` encodes it in `data.num_proc` processes, and the cache is memory-mapped
-when it is read back: a `Split` reads only the rows a batch asks for, so no split ever sits in
-Python lists.
+Corpora larger than memory: the validated text is streamed into an Arrow file, the tokenizer trains on
+a seeded sample of it, `datasets.map` encodes it in `data.num_proc` processes, the kept rows are
+streamed into the cache, and the cache is memory-mapped when it is read back (`Dataset.from_file`):
+a `Split` reads only the rows a batch asks for, so no split ever sits in Python lists.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
@@ -27,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 
 from nmt.config import DataConfig
-from nmt.data.batching import Batch, rows_batch
 from nmt.data.corpus import ParallelText, read_hf, read_parallel, side_path
+from nmt.data.split import Rows, Split
 from nmt.data.synthetic import generate_toy_corpus
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
@@ -36,83 +39,8 @@ from nmt.errors import NmtError
 CACHE_VERSION = "2"  # 2: the text digest of nmt.data.corpus.validated; ids stored in the smallest integer type
 SPLITS = ("train", "valid", "test")
 ROWS_PER_CHUNK = 1000  # pairs per Arrow record batch and per datasets.map call; a worker per chunk at most
+CACHE_ROWS = 65_536  # rows per record batch in the cache files
 TEXT_SCHEMA = pa.schema([("src_text", pa.string()), ("tgt_text", pa.string())])
-
-
-class Column(Sequence):
-    """A read-only view of one column of a memory-mapped split: rows become Python objects only when read."""
-
-    def __init__(self, array: pa.ChunkedArray):
-        self.array = array
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step != 1:
-                return [self[i] for i in range(start, stop, step)]
-            return self.array.slice(start, max(stop - start, 0)).to_pylist()
-        position = index + len(self) if index < 0 else index
-        if not 0 <= position < len(self):
-            raise IndexError(f"row {index} of {len(self)}")
-        return self.array[position].as_py()
-
-    def __iter__(self):
-        for start in range(0, len(self), ROWS_PER_CHUNK):
-            yield from self.array.slice(start, ROWS_PER_CHUNK).to_pylist()
-
-
-class Rows:
-    """Random access to the rows of a list<int> column through zero-copy views of its Arrow chunks.
-
-    (`ChunkedArray.take` would concatenate the whole column first: a corpus-sized copy per batch.)
-    """
-
-    def __init__(self, array: pa.ChunkedArray):
-        chunks = [chunk for chunk in array.chunks if len(chunk)]
-        self.ends = np.cumsum([len(chunk) for chunk in chunks], dtype=np.int64)  # row index after each chunk
-        self.starts = self.ends - [len(chunk) for chunk in chunks]
-        self.offsets = [chunk.offsets.to_numpy() for chunk in chunks]  # into the chunk's (unsliced) values
-        self.values = [chunk.values.to_numpy() for chunk in chunks]
-
-    def lengths(self) -> np.ndarray:
-        """(rows,) the length of every row."""
-        return np.concatenate([np.diff(offsets) for offsets in self.offsets]) if self.offsets else np.zeros(0, np.int64)
-
-    def gather(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """These rows laid end to end, and their lengths."""
-        rows = np.asarray(indices, dtype=np.int64)
-        chunk = np.searchsorted(self.ends, rows, side="right")
-        pieces = []
-        for c, i in zip(chunk.tolist(), (rows - self.starts[chunk]).tolist()):
-            offsets = self.offsets[c]
-            pieces.append(self.values[c][offsets[i] : offsets[i + 1]])
-        lengths = np.array([len(piece) for piece in pieces], dtype=np.int64)
-        return (np.concatenate(pieces) if pieces else np.zeros(0, np.int64)), lengths
-
-
-class Split:
-    """One encoded split, memory-mapped from the Arrow cache; the raw text is kept for BLEU references and messages."""
-
-    def __init__(self, dataset: Any):  # a datasets.Dataset with the columns src_ids, tgt_ids, src_text, tgt_text
-        self.dataset = dataset
-        self.src_ids, self.tgt_ids, self.src_text, self.tgt_text = (
-            Column(dataset.data.column(name)) for name in ("src_ids", "tgt_ids", "src_text", "tgt_text")
-        )
-        self._src_rows, self._tgt_rows = Rows(self.src_ids.array), Rows(self.tgt_ids.array)
-
-    def __len__(self) -> int:
-        return len(self.src_ids)
-
-    def lengths(self) -> tuple[list[int], list[int]]:
-        """Source and target lengths in subword tokens (without EOS/BOS), what batching needs."""
-        return self._src_rows.lengths().tolist(), self._tgt_rows.lengths().tolist()
-
-    def batch(self, indices: Sequence[int]) -> Batch:
-        """The padded batch of these pairs."""
-        return rows_batch(self._src_rows.gather(indices), self._tgt_rows.gather(indices))
 
 
 @dataclass
@@ -167,16 +95,66 @@ def _cache_key(data: DataConfig, texts: dict[str, ParallelText], tokenizer: Toke
     return digest.hexdigest()[:16]
 
 
-def _write_text(text: ParallelText, path: Path) -> Any:
-    """Stream the pairs into an Arrow file, and memory-map it as a datasets.Dataset."""
-    import datasets
-
+def _write_text(text: ParallelText, path: Path) -> None:
+    """Stream the pairs into an Arrow file, a chunk at a time."""
     pairs = iter(text)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, TEXT_SCHEMA) as writer:
         while chunk := list(islice(pairs, ROWS_PER_CHUNK)):
             src, tgt = zip(*chunk)
             writer.write_batch(pa.record_batch([pa.array(src, pa.string()), pa.array(tgt, pa.string())], schema=TEXT_SCHEMA))
-    return datasets.Dataset.from_file(str(path))
+
+
+def _batches(paths: list[str]) -> Iterator[pa.RecordBatch]:
+    """The record batches of Arrow stream files, read (not memory-mapped) one at a time: a pass leaves no pages resident."""
+    for path in paths:
+        with pa.OSFile(path) as source:
+            yield from pa.ipc.open_stream(source)
+
+
+class ArrowColumn:
+    """One column of an Arrow stream file, streamed as often as asked: the tokenizer's corpus."""
+
+    def __init__(self, path: Path, name: str, rows: int):
+        self.path, self.name, self.rows = path, name, rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __iter__(self) -> Iterator[str]:
+        for batch in _batches([str(self.path)]):
+            yield from batch.column(self.name).to_pylist()
+
+
+def _write_cache(encoded: Any, schema: pa.Schema, folder: Path, name: str, kept: np.ndarray | None = None) -> None:
+    """Stream the rows `kept` (a bool per row; all when None) of datasets.map's output into NAME.arrow and NAME.text.arrow.
+
+    The ids and the text go to separate files, so reading the ids never pages in text (the kernel reads
+    ahead around each page a memory map touches), in record batches of CACHE_ROWS rows, so opening a
+    file reads few batch headers.
+    """
+    parts = {f"{name}.arrow": ["src_ids", "tgt_ids"], f"{name}.text.arrow": ["src_text", "tgt_text"]}
+    with ExitStack() as stack:
+        writers = {
+            file: stack.enter_context(pa.ipc.new_stream(stack.enter_context(pa.OSFile(str(folder / file), "wb")), pa.schema([schema.field(c) for c in columns])))
+            for file, columns in parts.items()
+        }
+
+        def write(batches: list[pa.RecordBatch]) -> None:
+            table = pa.Table.from_batches(batches).cast(schema).combine_chunks()
+            for file, columns in parts.items():
+                writers[file].write_table(table.select(columns))
+
+        pending, rows, row = [], 0, 0
+        for batch in _batches([f["filename"] for f in encoded.cache_files]):
+            if kept is not None:
+                batch, row = batch.filter(pa.array(kept[row : row + len(batch)])), row + len(batch)
+            pending.append(batch)
+            rows += len(batch)
+            if rows >= CACHE_ROWS:
+                write(pending)
+                pending, rows = [], 0
+        if pending:
+            write(pending)
 
 
 _TOKENIZERS: dict[tuple[bytes, bytes | None], Tokenizer] = {}  # one per process: datasets.map workers build theirs once
@@ -188,15 +166,22 @@ def _encode_rows(rows: dict[str, list[str]], models: tuple[bytes, bytes | None])
     return {"src_ids": tokenizer.encode_src(rows["src_text"]), "tgt_ids": tokenizer.encode_tgt(rows["tgt_text"])}
 
 
-def _encode(tokenizer: Tokenizer, text: Any, work: Path, name: str, num_proc: int) -> Any:
-    """The text dataset with its ids, encoded by up to `num_proc` processes (one per chunk at most)."""
+def _features(tokenizer: Tokenizer) -> Any:
+    """The cache's columns (datasets.Features): the text, and the ids in the smallest integer type that holds them."""
     import datasets
 
     vocab = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     ids = datasets.List(datasets.Value("uint16" if vocab <= 1 << 16 else "int32"))
-    features = datasets.Features({"src_text": datasets.Value("string"), "tgt_text": datasets.Value("string"), "src_ids": ids, "tgt_ids": ids})
-    procs = min(num_proc, math.ceil(len(text) / ROWS_PER_CHUNK))
-    return text.map(
+    return datasets.Features({"src_text": datasets.Value("string"), "tgt_text": datasets.Value("string"), "src_ids": ids, "tgt_ids": ids})
+
+
+def _encode(tokenizer: Tokenizer, features: Any, text: Path, work: Path, name: str, num_proc: int) -> Any:
+    """The text file's pairs with their ids (a memory-mapped datasets.Dataset), encoded by up to `num_proc` processes."""
+    import datasets
+
+    text_ds = datasets.Dataset.from_file(str(text))
+    procs = min(num_proc, math.ceil(len(text_ds) / ROWS_PER_CHUNK))  # one process for a small split
+    return text_ds.map(
         _encode_rows, batched=True, batch_size=ROWS_PER_CHUNK, fn_kwargs={"models": (tokenizer.src_model, tokenizer.tgt_model)},
         features=features, num_proc=procs if procs > 1 else None, cache_file_name=str(work / f"{name}.ids.arrow"),
         load_from_cache_file=False, new_fingerprint=f"{name}-ids",
@@ -206,26 +191,31 @@ def _encode(tokenizer: Tokenizer, text: Any, work: Path, name: str, num_proc: in
 def _build(
     path: Path, data: DataConfig, texts: dict[str, ParallelText], tokenizer: Tokenizer | None, log: Callable[[str], None]
 ) -> None:
-    """Tokenize, encode, filter and write the cache at `path`, through a temporary folder renamed at the end."""
+    """Tokenize, encode, filter and write the cache at `path`, through a temporary folder renamed at the end.
+
+    Every pass over the corpus streams it (the text in, the tokenizer's sample, the kept rows out);
+    only datasets.map's workers memory-map it, each its own share.
+    """
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # per process: two runs may fill one cache at once
     work = tmp / "work"  # intermediate Arrow files, removed before the rename
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         work.mkdir(parents=True)
-        text = {name: _write_text(pairs, work / f"{name}.text.arrow") for name, pairs in texts.items()}
+        for name, pairs in texts.items():
+            _write_text(pairs, work / f"{name}.text.arrow")
         if tokenizer is None:
-            src, tgt = (Column(text["train"].data.column(c)) for c in ("src_text", "tgt_text"))
+            src, tgt = (ArrowColumn(work / "train.text.arrow", column, len(texts["train"])) for column in ("src_text", "tgt_text"))
             tokenizer = Tokenizer.train(src, tgt, data.vocab_size, data.spm_model, data.joint_vocab, data.spm_sample)
             log(f"data: trained {data.spm_model} tokenizer, vocab {tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}")
         else:
             log(f"data: using the checkpoint's tokenizer, vocab {tokenizer.src_vocab_size}/{tokenizer.tgt_vocab_size}")
         for side, model in tokenizer.state().items():
             (tmp / f"{side}.model").write_bytes(model)
+        features = _features(tokenizer)
         for name in texts:
-            encoded = _encode(tokenizer, text[name], work, name, data.num_proc)
-            if name == "train":
-                encoded = _filter_train(encoded, data, texts["train"].origin, work, log)
-            encoded.save_to_disk(str(tmp / name))
+            encoded = _encode(tokenizer, features, work / f"{name}.text.arrow", work, name, data.num_proc)
+            kept = _filter_train(encoded, data, texts["train"].origin, log) if name == "train" else None
+            _write_cache(encoded, features.arrow_schema.remove_metadata(), tmp, name, kept)
         shutil.rmtree(work)
         tmp.rename(path)
     except OSError:
@@ -237,8 +227,8 @@ def _build(
         raise
 
 
-def _filter_train(encoded: Any, data: DataConfig, origin: str, work: Path, log: Callable[[str], None]) -> Any:
-    """The training pairs the filters keep (logged with what each filter removed)."""
+def _filter_train(encoded: Any, data: DataConfig, origin: str, log: Callable[[str], None]) -> np.ndarray:
+    """Which training pairs the filters keep (a bool per pair), logged with what each filter removed."""
     keep, removed = filter_pairs(
         Rows(encoded.data.column("src_ids")).lengths(), Rows(encoded.data.column("tgt_ids")).lengths(), data.max_len, data.max_ratio
     )
@@ -246,9 +236,9 @@ def _filter_train(encoded: Any, data: DataConfig, origin: str, work: Path, log: 
     if not len(keep):
         raise NmtError(f"{origin}: no training pairs left after filtering {len(encoded)} pairs ({summary})")
     log(f"data: train {len(encoded)} pairs, kept {len(keep)} ({summary})")
-    if len(keep) == len(encoded):
-        return encoded
-    return encoded.select(keep, indices_cache_file_name=str(work / "train.keep.arrow"), new_fingerprint="train-kept")
+    kept = np.zeros(len(encoded), dtype=bool)
+    kept[keep] = True
+    return kept
 
 
 def _load(path: Path) -> tuple[Tokenizer, dict[str, Split]]:
@@ -256,7 +246,8 @@ def _load(path: Path) -> tuple[Tokenizer, dict[str, Split]]:
 
     tgt = path / "tgt.model"
     tokenizer = Tokenizer((path / "src.model").read_bytes(), tgt.read_bytes() if tgt.exists() else None)
-    splits = {name: Split(datasets.load_from_disk(str(path / name))) for name in SPLITS if (path / name).exists()}
+    read = lambda file: datasets.Dataset.from_file(str(path / file))  # noqa: E731  (memory-mapped)
+    splits = {name: Split(read(f"{name}.arrow"), read(f"{name}.text.arrow")) for name in SPLITS if (path / f"{name}.arrow").exists()}
     return tokenizer, splits
 
 
