@@ -75,11 +75,7 @@ def filter_pairs(
     src, tgt = np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64)
     empty = (src == 0) | (tgt == 0)
     too_long = ~empty & ((src > max_len) | (tgt > max_len))
-    skewed = ~empty & ~too_long
-    if max_ratio is None:
-        skewed[:] = False
-    else:
-        skewed &= np.maximum(src, tgt) > max_ratio * np.minimum(src, tgt)
+    skewed = np.zeros_like(empty) if max_ratio is None else ~empty & ~too_long & (np.maximum(src, tgt) > max_ratio * np.minimum(src, tgt))
     removed = {"empty": int(empty.sum()), f"max_len>{max_len}": int(too_long.sum()), f"ratio>{max_ratio}": int(skewed.sum())}
     return np.flatnonzero(~(empty | too_long | skewed)), removed
 

@@ -5,7 +5,7 @@ Shapes: B batch, S source length, T target length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ class Column(Sequence):
             raise IndexError(f"row {index} of {len(self)}")
         return self.array[position].as_py()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for start in range(0, len(self), ITER_ROWS):
             yield from self.array.slice(start, ITER_ROWS).to_pylist()
 
