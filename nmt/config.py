@@ -91,8 +91,10 @@ class DataConfig:
     max_ratio: Optional[float] = key(3.0, at_least(1))  # pairs whose longer side is this many times the shorter are removed
     vocab_size: int = key(8000, at_least(8))
     spm_model: str = key("unigram", one_of("unigram", "bpe"))
+    spm_sample: int = key(500_000, in_range(1, 2_000_000, high_open=False))  # the tokenizer trains on a seeded sample of at most this many sentences (unigram: ~2 KB of memory each)
     joint_vocab: bool = True
     cache_dir: str = "data/cache"
+    num_proc: int = key(2, at_least(1))  # processes that encode a corpus (datasets.map); a split under 2,000 pairs uses one
 
     def __post_init__(self) -> None:
         check_fields(self, "data.")

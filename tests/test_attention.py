@@ -269,3 +269,47 @@ def test_hard_attention_gradient_is_the_gumbel_softmax_relaxations():
     torch.testing.assert_close(query.grad[0, 0], by_formula @ keys[0])  # scores_s = q . k_s
     soft = torch.softmax(scores, -1)  # the gradient soft attention would give instead
     assert not torch.allclose(query.grad[0, 0], (soft * (w - (soft * w).sum())) @ keys[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("score, window, D", [("general", "local_p", 2), ("additive", "local_p", 1), ("dot", "local_m", 2), ("concat", "local_m", 7)])
+def test_banded_window_equals_scoring_every_position_then_masking(score, window, D):
+    """The band scores 2D + 2 gathered keys per query; the dense reference scores all S and masks: same weights, context, gradients."""
+    torch.manual_seed(0)
+    attention = make_attention(score, 8, 8, 8, window=window, window_size=D)
+    attention.band_from = 0  # the band at any length (by default only on long sources)
+    query, keys, mask, steps = random_inputs(lengths=(13, 2, 9), T=11)
+    values = torch.randn(3, 13, 5)
+    leaves = [t.clone().requires_grad_() for t in (query, keys, values)]
+
+    def run(banded: bool):
+        q, k, v = (t.clone() for t in leaves)
+        prepared = attention.prepare(k)
+        if banded:
+            context, weights = attention(q, prepared, v, mask, steps)
+            log_w = attention.log_weights(q, prepared, mask, steps)
+        else:
+            log_w = attention.dense_log_weights(q, prepared, mask, steps)  # what LocalWindow computed before the band
+            weights = log_w.exp()
+            context = weights @ v
+        grads = torch.autograd.grad((context**2).sum() + (weights * torch.arange(13.0)).sum(), leaves + list(attention.parameters()), allow_unused=True)
+        return log_w.detach(), weights.detach(), context.detach(), grads
+
+    band, dense = run(True), run(False)
+    assert torch.equal(band[0].isneginf(), dense[0].isneginf())  # the same positions allowed
+    assert (band[0].isneginf().sum(-1) < 13).all()  # and every window holds one at least
+    torch.testing.assert_close(band[0].masked_fill(band[0].isneginf(), 0), dense[0].masked_fill(dense[0].isneginf(), 0))
+    torch.testing.assert_close(band[1], dense[1])
+    torch.testing.assert_close(band[2], dense[2])
+    for g_band, g_dense in zip(band[3], dense[3]):
+        assert (g_band is None) == (g_dense is None)
+        if g_band is not None:
+            torch.testing.assert_close(g_band, g_dense)
+
+
+def test_local_windows_switch_to_the_band_on_long_sources():
+    attention = make_attention("general", 8, 8, 8, window="local_m", window_size=2)  # W = 6 positions, keys of width K = 8
+    assert not attention.banded(15, 8) and attention.banded(16, 8)  # from S >= W * K / 3
+    query, keys, mask, steps = random_inputs(lengths=(40, 31, 24), T=30)
+    prepared = attention.prepare(keys)
+    _, weights = attention(query, prepared, keys, mask, steps)
+    torch.testing.assert_close(weights, attention.dense_log_weights(query, prepared, mask, steps).exp())

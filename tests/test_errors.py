@@ -63,15 +63,15 @@ def test_missing_file(tmp_path, capsys):
 
 
 def test_unreadable_file(tmp_path, capsys, corpus, monkeypatch):
-    """Tests run as root, where chmod cannot deny a read: the OS error is simulated."""
-    read_bytes = Path.read_bytes
+    """Tests run as root, where chmod cannot deny a read: the OS error is simulated (the corpus is streamed through Path.open)."""
+    open_path = Path.open
 
-    def denied(self):
+    def denied(self, *args, **kwargs):
         if self.name == "ok.tgt":
             raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return read_bytes(self)
+        return open_path(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(Path, "open", denied)
     train_fails(tmp_path, capsys, corpus / "ok", f"error: {corpus}/ok.tgt: permission denied")
 
 
@@ -298,12 +298,12 @@ def test_debug_shows_the_traceback(tmp_path, monkeypatch):
 
 
 def test_disk_full_while_writing_the_data_cache(tmp_path, capsys, corpus, monkeypatch):
-    import datasets
+    import pyarrow
 
-    def full(self, path, **kwargs):
+    def full(sink, schema):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(datasets.Dataset, "save_to_disk", full)
+    monkeypatch.setattr(pyarrow.ipc, "new_stream", full)  # what writes the cache's Arrow files
     code, _, err = cli(train.main, train_args(tmp_path, corpus / "ok"), capsys)
     one_error_line(code, err, f"error: data.cache_dir={tmp_path}/cache: cannot write the dataset cache (No space left on device)")
     assert not list((tmp_path / "cache").iterdir()) and not (tmp_path / "run").exists()

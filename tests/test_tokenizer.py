@@ -59,3 +59,13 @@ def test_round_trip_gives_the_normalized_text(multi_script, text):
     assert all(sp.piece_to_id(c) != UNK for c in normalized.replace("▁", ""))
     assert multi_script.decode_tgt(multi_script.encode_tgt([text]))[0] == normalized.removeprefix("▁").replace("▁", " ")
     assert normalized.replace("▁", " ").split() == text.replace("ﬁ", "fi").translate(FOLD).split()
+
+
+def test_a_large_corpus_is_sampled_the_same_way_each_time():
+    from nmt.data.tokenizer import sample_lines
+
+    lines = [f"line {i}" for i in range(1000)]
+    sample = sample_lines(lines, 100)
+    assert len(sample) == 100 and sample == sample_lines(lines, 100)  # seeded: every process trains on the same sentences
+    assert sample == sorted(sample, key=lines.index) and len(set(sample)) == 100  # in corpus order, no repeats
+    assert sample_lines(lines, 1000) is lines

@@ -6,6 +6,7 @@ Shapes: B batch, S source length, T target length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ from nmt.data.tokenizer import BOS, EOS, PAD
 
 
 def token_batches(
-    src_lens: list[int], tgt_lens: list[int], batch_tokens: int, seed: int, epoch: int, shuffle: bool = True
+    src_lens: Sequence[int], tgt_lens: Sequence[int], batch_tokens: int, seed: int, epoch: int, shuffle: bool = True
 ) -> list[list[int]]:
     """Split example indices into batches of at most `batch_tokens` padded tokens.
 
@@ -23,21 +24,17 @@ def token_batches(
     the budget gets a batch of its own. The result depends only on (seed, epoch).
     """
     rng = np.random.default_rng([seed, epoch])
-    src_a, tgt_a = np.asarray(src_lens) + 1, np.asarray(tgt_lens) + 1  # + EOS / BOS
+    src_a, tgt_a = np.asarray(src_lens, dtype=np.int64) + 1, np.asarray(tgt_lens, dtype=np.int64) + 1  # + EOS / BOS
     ties = rng.random(len(src_a)) if shuffle else np.arange(len(src_a))
     order = np.lexsort((ties, src_a, tgt_a))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order.tolist():
-        length = max(src_a[i], tgt_a[i])
-        if current and max(longest, length) * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
+    starts, count, longest = [], 0, 0  # where each batch starts in `order`
+    for position, length in enumerate(np.maximum(src_a, tgt_a)[order].tolist()):  # plain (mostly cached small) ints: a fast loop
+        if count and max(longest, length) * (count + 1) > batch_tokens:
+            starts.append(position)
+            count, longest = 0, 0
+        count += 1
         longest = max(longest, length)
-    if current:
-        batches.append(current)
+    batches = [chunk.tolist() for chunk in np.split(order, starts)] if len(order) else []
     if shuffle:
         rng.shuffle(batches)
     return batches
@@ -75,3 +72,23 @@ def make_batch(src: list[list[int]], tgt: list[list[int]] | None = None) -> Batc
     if tgt is None:
         return Batch(src_t, src_t != PAD)
     return Batch(src_t, src_t != PAD, pad([[BOS] + t for t in tgt]), pad([t + [EOS] for t in tgt]))
+
+
+def pad_rows(values: np.ndarray, lengths: np.ndarray, bos: bool) -> torch.Tensor:
+    """(B, max len + 1) long tensor of rows laid end to end in `values`: BOS + row, or row + EOS; right-padded."""
+    width = int(lengths.max(initial=0)) + 1
+    out = np.full((len(lengths), width), PAD, dtype=np.int64)
+    columns = np.arange(width)
+    start = int(bos)
+    out[(columns >= start) & (columns < lengths[:, None] + start)] = values  # row-major: row by row, in order
+    if bos:
+        out[:, 0] = BOS
+    else:
+        out[np.arange(len(lengths)), lengths] = EOS
+    return torch.from_numpy(out)
+
+
+def rows_batch(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray]) -> Batch:
+    """`make_batch` of rows given as (values end to end, lengths), without a Python list per row."""
+    src_t = pad_rows(*src, bos=False)
+    return Batch(src_t, src_t != PAD, pad_rows(*tgt, bos=True), pad_rows(*tgt, bos=False))

@@ -4,27 +4,68 @@ Formats: a pair of text files PREFIX.SRC / PREFIX.TGT (plain or .gz), one TSV fi
 one JSONL file ({"SRC": ..., "TGT": ...} or {"translation": {"SRC": ..., "TGT": ...}}), or a HuggingFace
 `datasets` dataset (a local path written by `save_to_disk`, or a hub name for users with a network).
 Lines are split on "\\n" only, so a line count always matches `wc -l`.
+
+Every reader streams: one pass validates the whole corpus (raising the file:line of the first fault)
+while counting and hashing the pairs, and a `ParallelText` reads them again, as a stream, whenever it
+is iterated. A corpus of millions of pairs is never held in Python lists.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
-from dataclasses import dataclass
+import struct
 import sys
+from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 from nmt.errors import NmtError
 
 
-@dataclass
-class ParallelText:
-    """Aligned source and target sentences; `origin` names where they came from, for messages."""
+Pairs = Callable[[], Iterator[tuple[str, str]]]
 
-    src: list[str]
-    tgt: list[str]
+
+@dataclass(frozen=True)
+class ParallelText:
+    """Aligned sentence pairs, validated once and streamed again from their source on each iteration.
+
+    `origin` names where they came from (for messages), `count` is the number of pairs and `digest`
+    a SHA-256 of their text (what the dataset cache key hashes).
+    """
+
     origin: str
+    count: int
+    digest: str
+    pairs: Pairs
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return self.pairs()
+
+    @property
+    def src(self) -> list[str]:
+        """All source sentences in a list (reads the corpus again: meant for small splits)."""
+        return [src for src, _ in self]
+
+    @property
+    def tgt(self) -> list[str]:
+        """All target sentences in a list (reads the corpus again: meant for small splits)."""
+        return [tgt for _, tgt in self]
+
+
+def validated(pairs: Pairs, origin: str) -> ParallelText:
+    """Read the pairs once, which raises at the first fault, counting and hashing them on the way."""
+    digest, count = hashlib.sha256(), 0
+    for src, tgt in pairs():
+        s, t = src.encode("utf-8", "surrogatepass"), tgt.encode("utf-8", "surrogatepass")
+        digest.update(struct.pack("<QQ", len(s), len(t)) + s + t)  # lengths first: no two corpora hash alike
+        count += 1
+    return ParallelText(origin, count, digest.hexdigest(), pairs)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -94,7 +135,7 @@ def iter_lines(path: str | Path | None) -> Iterator[str]:
 
 def _file_lines(path: Path) -> Iterator[str]:
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as stream:
+        with path.open("rb") as raw, (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw) as stream:
             yield from _decoded_lines(stream, str(path))
     except PermissionError:
         raise NmtError(f"{path}: permission denied") from None
@@ -109,29 +150,40 @@ def side_path(prefix: str, lang: str) -> Path:
     return gz if not plain.exists() and gz.exists() else plain
 
 
+def _line_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
+    """Lines of the two files side by side; a different line count raises, naming both counts."""
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    count = 0
+    for src, tgt in zip_longest(src_lines, tgt_lines):
+        if src is None or tgt is None:  # one file ended: count the rest of the other
+            rest = 1 + sum(1 for _ in (tgt_lines if src is None else src_lines))
+            n_src, n_tgt = (count, count + rest) if src is None else (count + rest, count)
+            raise NmtError(
+                f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+                "parallel files must have the same number of lines"
+            )
+        count += 1
+        yield src, tgt
+
+
 def read_text_pair(prefix: str, src: str, tgt: str) -> ParallelText:
     """PREFIX.SRC and PREFIX.TGT, which must have the same number of lines."""
     src_path, tgt_path = side_path(prefix, src), side_path(prefix, tgt)
-    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
-    if len(src_lines) != len(tgt_lines):
-        raise NmtError(
-            f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
-            "parallel files must have the same number of lines"
-        )
-    return ParallelText(src_lines, tgt_lines, f"{src_path}, {tgt_path}")
+    return validated(lambda: _line_pairs(src_path, tgt_path), f"{src_path}, {tgt_path}")
+
+
+def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
+    for number, line in enumerate(iter_lines(path), 1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise NmtError(f"{path}:{number}: expected 2 tab-separated fields (source, target), found {len(fields)}")
+        yield fields[0], fields[1]
 
 
 def read_tsv(path: str | Path) -> ParallelText:
     """One `source<TAB>target` pair per line."""
     path = Path(path)
-    src, tgt = [], []
-    for number, line in enumerate(read_lines(path), 1):
-        fields = line.split("\t")
-        if len(fields) != 2:
-            raise NmtError(f"{path}:{number}: expected 2 tab-separated fields (source, target), found {len(fields)}")
-        src.append(fields[0])
-        tgt.append(fields[1])
-    return ParallelText(src, tgt, str(path))
+    return validated(lambda: _tsv_pairs(path), str(path))
 
 
 def _pair_from_record(record: dict, src: str, tgt: str) -> tuple[str, str] | None:
@@ -140,11 +192,8 @@ def _pair_from_record(record: dict, src: str, tgt: str) -> tuple[str, str] | Non
     return pair if all(isinstance(side, str) for side in pair) else None
 
 
-def read_jsonl(path: str | Path, src: str, tgt: str) -> ParallelText:
-    """One JSON object per line with string fields SRC and TGT (or nested under "translation")."""
-    path = Path(path)
-    src_lines, tgt_lines = [], []
-    for number, line in enumerate(read_lines(path), 1):
+def _jsonl_pairs(path: Path, src: str, tgt: str) -> Iterator[tuple[str, str]]:
+    for number, line in enumerate(iter_lines(path), 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
@@ -152,9 +201,13 @@ def read_jsonl(path: str | Path, src: str, tgt: str) -> ParallelText:
         pair = _pair_from_record(record, src, tgt) if isinstance(record, dict) else None
         if pair is None:
             raise NmtError(f'{path}:{number}: expected an object with string fields "{src}" and "{tgt}"')
-        src_lines.append(pair[0])
-        tgt_lines.append(pair[1])
-    return ParallelText(src_lines, tgt_lines, str(path))
+        yield pair
+
+
+def read_jsonl(path: str | Path, src: str, tgt: str) -> ParallelText:
+    """One JSON object per line with string fields SRC and TGT (or nested under "translation")."""
+    path = Path(path)
+    return validated(lambda: _jsonl_pairs(path, src, tgt), str(path))
 
 
 HF_SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
@@ -182,14 +235,19 @@ def read_hf(name: str, split: str, src: str, tgt: str, optional: bool = False) -
             raise NmtError(f"data.hf={name}: no {split} split; found {sorted(dataset)}")
         dataset = dataset[names[0]]
     origin = f"{name}[{split}]"
-    src_lines, tgt_lines = [], []
-    for number, record in enumerate(dataset, 1):
-        pair = _pair_from_record(record, src, tgt)
-        if pair is None:
-            raise NmtError(f'{origin} row {number}: expected string fields "{src}" and "{tgt}" (or "translation")')
-        src_lines.append(pair[0])
-        tgt_lines.append(pair[1])
-    return ParallelText(src_lines, tgt_lines, origin)
+    return validated(lambda: _record_pairs(dataset, origin, src, tgt), origin)
+
+
+def _record_pairs(dataset, origin: str, src: str, tgt: str) -> Iterator[tuple[str, str]]:
+    """The pairs of a `datasets.Dataset`, read a thousand rows at a time."""
+    number = 0
+    for rows in dataset.iter(batch_size=1000):
+        for values in zip(*rows.values()):
+            number += 1
+            pair = _pair_from_record(dict(zip(rows, values)), src, tgt)
+            if pair is None:
+                raise NmtError(f'{origin} row {number}: expected string fields "{src}" and "{tgt}" (or "translation")')
+            yield pair
 
 
 def read_parallel(spec: str, src: str, tgt: str) -> ParallelText:

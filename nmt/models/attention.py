@@ -154,7 +154,15 @@ class LocalWindow(Attention):
     local-p: p_t = S_b * sigmoid(v_p^T tanh(W_p h_t)) (eq. 9) with S_b the true source length, and the
     in-window weights are multiplied by exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2 (eq. 10). As in
     the paper they are not renormalised afterwards, so local-p weights sum to at most 1.
+
+    On a long source only a band of W = 2D + 2 positions around p_t is scored and summed (`band`), so a
+    step costs O(D), not O(S); but it gathers W prepared keys of width K per query, so on a shorter
+    source, scoring every position and masking (`dense_log_weights`, the same weights) is cheaper.
     """
+
+    # The band from S >= band_from * W * K: where it measured faster than scoring all S positions with the
+    # cheapest scores (dot, general; scripts/bench_attention.py): K = 64 from S ~ 500, K = 256 from S ~ 1,500.
+    band_from = 1 / 3
 
     def __init__(self, scorer: Attention, predictive: bool, size: int, query_dim: int, attn_dim: int):
         super().__init__()
@@ -180,15 +188,75 @@ class LocalWindow(Attention):
             raise ValueError("local_m attention needs the target positions (steps)")
         return torch.minimum(steps, length - 1).to(query.dtype)
 
+    def band(
+        self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """log a_t over a band of W = min(2D + 2, S) source positions holding the window (B, T, W), and the positions (B, T, W).
+
+        Only the band is scored, so the cost is O(T * D) rather than O(T * S): each query meets its own
+        W gathered keys (the scorer sees B * T sentences of one query). The band starts at
+        floor(p_t - D), shifted to stay inside the sentence; positions of the band outside the window
+        (or on padding) get -inf, exactly as `dense_log_weights` masks them.
+        """
+        p = self.positions(query, mask, steps)  # (B, T)
+        (B, T), S = p.shape, mask.size(1)
+        width = min(2 * self.size + 2, S)
+        start = torch.floor(p - self.size).long().clamp(0, S - width)  # (B, T)
+        source = start[:, :, None] + torch.arange(width, device=query.device)  # (B, T, W) s
+        distance = source.to(query.dtype) - p[:, :, None]  # (B, T, W): s - p_t
+        inside = (distance.abs() <= self.size) & mask.gather(1, source.flatten(1)).view(B, T, width)
+        keys = gather_rows(prepared, source).flatten(0, 1)  # (B * T, W, *)
+        scores = self.score(query.reshape(B * T, 1, -1), keys).view(B, T, width)
+        return self.in_window(scores, distance, inside), source
+
+    def banded(self, source_len: int, key_width: int) -> bool:
+        """Whether a source of this length, with prepared keys of this width, is scored in the band only."""
+        return source_len >= self.band_from * (2 * self.size + 2) * key_width
+
     def log_weights(self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.banded(mask.size(1), prepared.size(-1)):
+            return self.dense_log_weights(query, prepared, mask, steps)
+        log_band, source = self.band(query, prepared, mask, steps)  # (B, T, W)
+        full = log_band.new_full((*source.shape[:2], mask.size(1)), float("-inf"))
+        return full.scatter(-1, source, log_band)  # (B, T, S)
+
+    def forward(
+        self, query: torch.Tensor, prepared: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """In the band: the context from the band's values alone, the weights (B, T, S) the band scattered into zeros."""
+        if not self.banded(mask.size(1), prepared.size(-1)):
+            return super().forward(query, prepared, values, mask, steps)
+        log_band, source = self.band(query, prepared, mask, steps)
+        band = log_band.exp()  # (B, T, W)
+        context = (band[:, :, None, :] @ gather_rows(values, source)).squeeze(2)  # (B, T, 1, W) @ (B, T, W, H) -> (B, T, H)
+        weights = band.new_zeros(*source.shape[:2], mask.size(1)).scatter_(-1, source, band)  # (B, T, S)
+        return context, weights
+
+    def dense_log_weights(
+        self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The same log a_t (B, T, S) computed over every source position, then masked: O(T * S).
+
+        The straightforward reading of the equations, kept as the reference the band is tested against
+        (and whose cost scripts/bench_attention.py compares).
+        """
         p = self.positions(query, mask, steps)  # (B, T)
         source = torch.arange(mask.size(1), device=query.device, dtype=query.dtype)
         distance = source[None, None, :] - p[:, :, None]  # (B, T, S): s - p_t
         inside = (distance.abs() <= self.size) & mask[:, None, :]
-        log_a = masked_log_softmax(self.score(query, prepared), inside)
-        if self.predictive:
-            log_a = log_a - distance**2 / (2 * self.sigma**2)  # eq. 10, in log space
-        return log_a
+        return self.in_window(self.score(query, prepared), distance, inside)
+
+    def in_window(self, scores: torch.Tensor, distance: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
+        """log softmax of the scores inside the window; local-p adds the Gaussian -(s - p_t)^2 / (2 sigma^2) (eq. 10, in log space)."""
+        log_a = masked_log_softmax(scores, inside)
+        return log_a - distance**2 / (2 * self.sigma**2) if self.predictive else log_a
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (B, S, *) at positions index (B, T, W) -> (B, T, W, *): whole rows copied (index_select), not element by element."""
+    B, S, _ = x.shape
+    rows = (index + S * torch.arange(B, device=index.device)[:, None, None]).flatten()  # (B * T * W,) into (B * S, *)
+    return x.reshape(B * S, -1).index_select(0, rows).view(*index.shape, -1)
 
 
 class HardAttention(Attention):

@@ -1,0 +1,177 @@
+"""Attention cost against length: forward+backward time and peak memory of each variant, plotted log-log.
+
+    python scripts/bench_attention.py                          # lengths 16..1024, prints a table, writes docs/attention_cost.png
+    python scripts/bench_attention.py --max-len 256 --runs 3 --plot /tmp/cost.png
+    python scripts/bench_attention.py --device cuda            # peak memory from the CUDA allocator
+
+Every variant attends T = n queries over S = n source positions (n = 16, 32, ..., --max-len), a batch of
+--batch sentences, model width --dim (queries, keys and values), attention hidden size --dim, local
+windows of D = --window. One measurement is a forward pass and the gradients of every input and
+parameter. Time: the median of --runs after one warm-up. Memory: the peak of the bytes allocated
+during one forward+backward (on CPU replayed from the profiler's allocation events; on CUDA
+torch.cuda.max_memory_allocated), inputs excluded.
+
+Variants: the global scores of nmt/models/attention.py (additive, dot, general, concat), local-p
+(general score) twice, as it was (every position scored, then masked: `dense_log_weights`) and as it is
+(a band of 2D + 2 positions: `LocalWindow.forward`), and the Transformer's multi-head scaled dot
+product (nmt/models/transformer.py, 4 heads, F.scaled_dot_product_attention with the padding mask).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from nmt.models.attention import make_attention
+from nmt.models.transformer import MultiHeadAttention
+
+Fn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (query, keys, mask) -> context
+
+
+def variants(dim: int, window: int, heads: int) -> dict[str, tuple[Fn, list[torch.nn.Parameter]]]:
+    """name -> (context of queries over keys, the parameters whose gradients backward computes)."""
+    out: dict[str, tuple[Fn, list[torch.nn.Parameter]]] = {}
+    for score in ("additive", "dot", "general", "concat"):
+        attention = make_attention(score, dim, dim, dim)
+        out[score] = (lambda q, k, m, a=attention: a(q, a.prepare(k), k, m)[0], list(attention.parameters()))
+    local = make_attention("general", dim, dim, dim, window="local_p", window_size=window)
+
+    def dense(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return local.dense_log_weights(q, local.prepare(k), m).exp() @ k
+
+    out["local-p, masked (was)"] = (dense, list(local.parameters()))
+    local.band_from = 0  # the band at every length (the module itself switches to it from S >= W * K / 3)
+    out["local-p, banded"] = (lambda q, k, m: local(q, local.prepare(k), k, m)[0], list(local.parameters()))
+    mha = MultiHeadAttention(dim, heads, dropout=0.0)
+    out["multi-head SDPA"] = (lambda q, k, m: mha.attend(q, *mha.keys_values(k), mask=m[:, None, None, :])[0], list(mha.parameters()))
+    return out
+
+
+def step(fn: Fn, params: list[torch.nn.Parameter], query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> None:
+    """One forward pass and the gradients of the inputs and parameters."""
+    context = fn(query, keys, mask)
+    torch.autograd.grad(context.square().sum(), [query, keys, *params])
+
+
+def peak_bytes(run: Callable[[], None], device: torch.device) -> int:
+    """Peak bytes allocated while `run` runs, beyond what was allocated before."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def seconds(run: Callable[[], None], device: torch.device, runs: int) -> float:
+    """Median wall time of `runs` calls after one warm-up."""
+    run()
+    times = []
+    for _ in range(runs):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(args: argparse.Namespace) -> tuple[list[int], dict[str, list[tuple[float, float]]]]:
+    """lengths, and name -> [(seconds, MB)] per length."""
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    lengths = [2**k for k in range(4, args.max_len.bit_length()) if 2**k <= args.max_len]
+    results: dict[str, list[tuple[float, float]]] = {}
+    for name, (fn, params) in variants(args.dim, args.window, args.heads).items():
+        for p in params:
+            p.data = p.data.to(device)
+        results[name] = []
+        for n in lengths:
+            query = torch.randn(args.batch, n, args.dim, device=device, requires_grad=True)
+            keys = torch.randn(args.batch, n, args.dim, device=device, requires_grad=True)
+            mask = torch.ones(args.batch, n, dtype=torch.bool, device=device)
+            run = lambda: step(fn, params, query, keys, mask)  # noqa: E731
+            results[name].append((seconds(run, device, args.runs), peak_bytes(run, device) / 2**20))
+            print(f"{name:>22} n={n:5d}: {results[name][-1][0] * 1e3:9.2f} ms {results[name][-1][1]:9.1f} MB", file=sys.stderr, flush=True)
+    return lengths, results
+
+
+def table(lengths: list[int], results: dict[str, list[tuple[float, float]]]) -> str:
+    """Time (ms) and peak memory (MB) per variant and length, and the growth factor from n/2 to n at the longest length."""
+    head = f"{'variant':>22} | " + " ".join(f"{n:>8d}" for n in lengths) + " | x per doubling (last)"
+    lines = [head, "-" * len(head)]
+    for name, rows in results.items():
+        for unit, column, scale in (("ms", 0, 1e3), ("MB", 1, 1.0)):
+            values = [row[column] * scale for row in rows]
+            growth = values[-1] / values[-2] if len(values) > 1 and values[-2] > 0 else float("nan")
+            lines.append(f"{name if unit == 'ms' else '':>22} | " + " ".join(f"{v:8.2f}" for v in values) + f" | {growth:.1f}x {unit}")
+    return "\n".join(lines)
+
+
+def plot(lengths: list[int], results: dict[str, list[tuple[float, float]]], path: Path, title: str) -> None:
+    """Time and memory against length, log-log, one line per variant, with n and n^2 guides."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, column, label in ((axes[0], 0, "forward+backward time (ms)"), (axes[1], 1, "peak memory (MB)")):
+        for name, rows in results.items():
+            style = "--" if "was" in name else "-"
+            ax.plot(lengths, [row[column] * (1e3 if column == 0 else 1) for row in rows], style, marker="o", markersize=3, label=name)
+        top = max(row[column] * (1e3 if column == 0 else 1) for rows in results.values() for row in rows)
+        for power, guide in ((1, "n"), (2, "n²")):
+            ax.plot(lengths, [top * (n / lengths[-1]) ** power for n in lengths], ":", color="gray", linewidth=0.8)
+            ax.annotate(guide, (lengths[0], top * (lengths[0] / lengths[-1]) ** power), color="gray", fontsize=8)
+        ax.set(xscale="log", yscale="log", xlabel="source = target length n", ylabel=label)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.grid(True, which="major", linewidth=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-len", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--window", type=int, default=10, help="D: local windows cover [p_t - D, p_t + D]")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--plot", type=Path, default=Path("docs/attention_cost.png"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    lengths, results = measure(args)
+    print(table(lengths, results))
+    title = f"batch {args.batch}, dim {args.dim}, D={args.window}, {args.device}, {args.threads} thread(s), median of {args.runs}"
+    plot(lengths, results, args.plot, title)
+    print(f"plot: {args.plot} ({title})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
