@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from nmt.cli.common import compose, print_help, run
 from nmt.config import Config
+from nmt.config import flatten as _flatten
 from nmt.errors import NmtError
 
 USAGE = """
@@ -28,16 +29,6 @@ Train a model from the recipes. Examples:
 VOCABULARY_KEYS = ("data.vocab_size", "data.spm_model", "data.joint_vocab")
 FREE_MODEL_KEYS = ("model.dropout",)
 RUN_KEYS = ("resume", "init_from", "run_dir")
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def config_differences(old: Config, new: Config) -> list[str]:

@@ -1,0 +1,241 @@
+"""nmt-compare: train attention variants side by side on the same data and budget, then write a report."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import asdict, fields, replace
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from nmt.cli.common import compose, print_help, run
+from nmt.cli.train import RUN_KEYS, config_differences
+from nmt.config import CompareConfig, Config, flatten
+from nmt.errors import NmtError
+from nmt.training.progress import duration
+
+USAGE = """
+usage: nmt-compare experiment=NAME [out=DIR] [variants=a,b] [seeds=1,2] [baseline=NAME] [KEY=VALUE ...]
+       nmt-compare report_only=true out=DIR [baseline=NAME] [variants=a,b]
+
+Train each variant of an experiment (a named list of nmt-train overrides) on the same data, tokenizer,
+budget and decoding settings, once per seed; translate the test set with each; write OUT/report.md,
+results.csv, results.json and figures. KEY=VALUE that is not an nmt-compare setting goes to every
+variant's nmt-train (e.g. train.max_steps=100, train.max_time=5, data.cache_dir=...). An interrupted
+comparison continues where it stopped when run again with the same out=. Examples:
+  nmt-compare experiment=compare_attention_toy out=runs/compare_toy
+  nmt-compare experiment=compare_attention_toy variants=transformer,bahdanau seeds=1,2,3 out=runs/two
+  nmt-compare experiment=compare_attention_multi30k data.root=../shared/data/multi30k train.max_time=20
+  nmt-compare report_only=true out=runs/compare_toy baseline=bahdanau
+"""
+
+COMPARE_KEYS = {f.name for f in fields(CompareConfig)} | {"experiment"}
+LIST_KEYS = ("variants", "seeds", "heatmap_lines")
+OVERRIDE_LISTS = ("overrides.", "shared")  # lists of KEY=VALUE: `overrides.x=[model=luong,model.score=dot]` is quoted for Hydra
+SAME_FOR_ALL = ("data.", "decode.", "train.max_steps", "train.max_time", "train.max_epochs")  # what every variant must share
+IGNORED = (*RUN_KEYS, "train.progress")  # differences that do not make an existing run another run
+HEATMAP_WORDS = (6, 10)  # automatic heat-map lines: the first test sources of this many words
+
+
+def override_key(argument: str) -> str:
+    return argument.split("=", 1)[0].lstrip("+~")
+
+
+def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(nmt-compare settings, nmt-train overrides for every variant); `seeds=1,2` becomes `seeds=[1,2]`, and the
+    items of `overrides.NAME=[model=luong,model.score=dot]` are quoted (Hydra's grammar wants `=` quoted in a list)."""
+    mine, theirs = [], []
+    for argument in argv:
+        if "=" not in argument:
+            raise NmtError(f"{argument}: expected KEY=VALUE")
+        key, value = override_key(argument), argument.split("=", 1)[1]
+        if key.split(".")[0] in COMPARE_KEYS:
+            if key in LIST_KEYS and not value.startswith("["):
+                argument = f"{key}=[{value}]"
+            elif key.startswith(OVERRIDE_LISTS) and value.startswith("[") and value.endswith("]") and not set("'\"") & set(value):
+                argument = argument.split("=", 1)[0] + "=[" + ",".join(f"'{item.strip()}'" for item in value[1:-1].split(",") if item.strip()) + "]"
+            if key.startswith("overrides."):
+                argument = "++" + argument.lstrip("+")  # defines a new variant or replaces one
+            mine.append(argument)
+        else:
+            theirs.append(argument)
+    return mine, theirs
+
+
+def merge_overrides(*lists: list[str]) -> list[str]:
+    """Override lists in order; a later value for the same key replaces an earlier one."""
+    merged: dict[str, str] = {}
+    for overrides in lists:
+        for item in overrides:
+            merged[override_key(item)] = item
+    return list(merged.values())
+
+
+def plan_runs(cfg: CompareConfig, out: Path):
+    """Each variant's training config composed once, then one run per seed; checks that they share data, budget and decoding."""
+    from nmt.compare.runner import PlannedRun, run_dir_for
+
+    plans = []
+    for name in cfg.selected():
+        try:
+            base = compose("config", merge_overrides(cfg.shared, cfg.overrides[name], cfg.extra, ["train.progress=false"]))
+        except NmtError as err:
+            raise NmtError(f"variant {name}: {err}") from None
+        for seed in cfg.seeds:
+            config = replace(base, run_dir=str(run_dir_for(out, name, seed)), train=replace(base.train, seed=seed))
+            plans.append(PlannedRun(name, seed, config))
+    check_shared(plans)
+    for plan in plans:
+        check_existing(plan)
+    return plans
+
+
+def check_shared(plans) -> None:
+    """Every variant must share the data (hence the tokenizer and vocabulary), the budget and the decoding settings."""
+    first = flatten(asdict(plans[0].config))
+    for plan in plans[1:]:
+        flat = flatten(asdict(plan.config))
+        for key in first:
+            if key.startswith(SAME_FOR_ALL) and flat[key] != first[key]:
+                raise NmtError(
+                    f"variant {plan.variant}: {key}={flat[key]} but {plans[0].variant} has {first[key]}; every variant must share the data "
+                    "(one tokenizer and vocabulary), the training budget and the decoding settings"
+                )
+
+
+def check_existing(plan) -> None:
+    """A run dir left by an earlier nmt-compare must hold a run with exactly these settings."""
+    from nmt.config import config_from_yaml
+
+    saved_path = plan.run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved: Config = config_from_yaml(saved_path.read_text(encoding="utf-8"))
+    differences = [d for d in config_differences(saved, plan.config) if d.split(":")[0] not in IGNORED]
+    if differences:
+        raise NmtError(
+            f"{plan.run_dir}: holds a run with other settings ({'; '.join(differences[:3])}); "
+            "run the comparison into another out=, or delete that run dir to train it again"
+        )
+
+
+def pick_heatmap_lines(src: list[str], asked: list[int]) -> list[int]:
+    """The test lines drawn as heat maps: those asked, else the first 3 sources of 6-10 words (else the first 3 non-empty)."""
+    for line in asked:
+        if not 0 <= line < len(src):
+            raise NmtError(f"heatmap_lines: line {line} is not in the test set (lines 0 to {len(src) - 1})")
+    if asked:
+        return asked
+    low, high = HEATMAP_WORDS
+    fitting = [k for k, s in enumerate(src) if low <= len(s.split()) <= high]
+    return (fitting or [k for k, s in enumerate(src) if s.strip()])[:3]
+
+
+def prepare_test(cfg: CompareConfig, data, out: Path):
+    """Copy the test split (and its gold alignments) into OUT; the same text must be there from an earlier session."""
+    from nmt.compare.collect import TEST_ALIGN, TEST_REF, TEST_SRC
+    from nmt.compare.evaluate import TestSet
+    from nmt.data.corpus import read_lines
+    from nmt.data.dataset import ensure_synthetic, read_split
+    from nmt.evaluation.alignment import read_pharaoh
+    from nmt.fileio import atomic_open
+
+    ensure_synthetic(data)
+    text = read_split(data, "test")
+    if text is None:
+        raise NmtError("data.test: the data config names no test split; nmt-compare scores every variant on it")
+    for name, lines in ((TEST_SRC, text.src), (TEST_REF, text.tgt)):
+        path = out / name
+        if path.is_file() and read_lines(path) != lines:
+            raise NmtError(f"out={out}: its {name} differs from the test split of data.test={data.test}; the runs there were scored on other sentences; choose another out=")
+    align = cfg.align or (f"{data.test}.align" if data.test and Path(f"{data.test}.align").is_file() else None)
+    gold = read_pharaoh(align, text.src, text.tgt) if align else None
+    for name, lines in ((TEST_SRC, text.src), (TEST_REF, text.tgt), *(((TEST_ALIGN, read_lines(align)),) if align else ())):
+        with atomic_open(out / name, key="out") as f:
+            f.writelines(line + "\n" for line in lines)
+    return TestSet(text.src, text.tgt, gold, pick_heatmap_lines(text.src, cfg.heatmap_lines)), align
+
+
+def saved_plan(out: Path, overrides: list[str]) -> CompareConfig:
+    """report_only: the plan nmt-compare saved in OUT, with report settings from the command line."""
+    from nmt.compare.collect import read_plan
+
+    keep = [o for o in overrides if override_key(o) not in ("out", "report_only", "experiment")]
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(read_plan(out)), OmegaConf.from_dotlist(keep)))
+    except NmtError:
+        raise
+    except Exception as err:  # omegaconf validation errors carry the key
+        raise NmtError(f"{getattr(err, 'full_key', None) or 'report_only'}: {str(err).splitlines()[0]}") from None
+
+
+def write_session(out: Path, sessions: list[dict]) -> None:
+    from nmt.compare.collect import SESSIONS
+    from nmt.fileio import atomic_open
+
+    with atomic_open(out / SESSIONS, key="out") as f:
+        f.write(json.dumps(sessions, indent=2) + "\n")
+
+
+def main(argv: list[str]) -> None:
+    if "-h" in argv or "--help" in argv:
+        return print_help(USAGE)
+    mine, extra = split_arguments(argv)
+    where = compose("compare", [a for a in mine if override_key(a) in ("out", "report_only")])  # the rest may need the saved plan
+    if where.report_only:
+        from nmt.compare.report import build_report
+
+        if extra:
+            raise NmtError(f"report_only=true trains nothing, so nmt-train settings have no effect: {' '.join(extra)}")
+        out = Path(where.out)
+        print(build_report(out, saved_plan(out, mine)))
+        print(f"report: {out / 'report.md'}")
+        return
+    cfg: CompareConfig = compose("compare", mine)
+    out = Path(cfg.out)
+    if not cfg.overrides:
+        raise NmtError("no variants to compare: give experiment=NAME (recipes/experiment/compare_*.yaml) or overrides.NAME=[KEY=VALUE,...]")
+    cfg.extra = extra
+    run_comparison(cfg, out, "nmt-compare " + shlex.join(argv))
+
+
+def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
+    """Plan, train and score every run not done yet, then write the report."""
+    from nmt.compare.collect import PLAN, read_sessions
+    from nmt.compare.environment import environment
+    from nmt.compare.report import build_report
+    from nmt.compare.runner import budget, comparison_lock, run_all
+    from nmt.fileio import atomic_open
+
+    plans = plan_runs(cfg, out)
+    with comparison_lock(out):
+        test, align = prepare_test(cfg, plans[0].config.data, out)
+        cfg.align, cfg.heatmap_lines, cfg.baseline = align, test.heatmap_lines, cfg.baseline_name()
+        with atomic_open(out / PLAN, key="out") as f:
+            f.write(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        sessions = read_sessions(out) + [{"command": command, "started": datetime.now().isoformat(timespec="seconds"), "environment": environment()}]
+        write_session(out, sessions)
+        print(f"nmt-compare: {len(cfg.selected())} variants x {len(cfg.seeds)} seeds = {len(plans)} runs; budget {budget(plans[0].config)} each; "
+              f"baseline {cfg.baseline}; test set {len(test.src)} sentences{' with gold alignments' if test.gold else ''}; out {out}")
+        start = time.perf_counter()
+        try:
+            run_all(plans, test, cfg.under_attended, cfg.over_attended, cfg.progress)
+        except BaseException:
+            sessions[-1]["interrupted"] = True
+            raise
+        finally:
+            sessions[-1]["seconds"] = round(time.perf_counter() - start, 1)
+            write_session(out, sessions)
+        print(build_report(out, cfg))
+    print(f"report: {out / 'report.md'} (this session: {duration(sessions[-1]['seconds'])})")
+
+
+def entry() -> None:
+    run(main)
+
+
+if __name__ == "__main__":
+    entry()

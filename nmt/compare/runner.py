@@ -1,0 +1,138 @@
+"""Train and score every (variant, seed) of a comparison in turn, picking up where an interrupted one stopped.
+
+A run is done when its RUN/eval.json exists (written last, after test.hyp): it is skipped. A run with
+results.json but no eval.json is only scored; one with checkpoints/last.pt is resumed exactly from it
+(nmt-train resume=RUN); anything else starts afresh. Each run writes its own train.log, so the console
+gets one line as a run starts and one as it ends, and a bar over the whole comparison.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+from tqdm import tqdm
+
+from nmt.compare.evaluate import EVAL, TestSet, evaluate_run
+from nmt.config import Config
+from nmt.errors import NmtError
+from nmt.training.checkpoint import LAST, load_checkpoint
+from nmt.training.progress import duration
+
+RESULTS = "results.json"
+
+
+@dataclass
+class PlannedRun:
+    """One variant at one seed: its resolved training config (run_dir set)."""
+
+    variant: str
+    seed: int
+    config: Config
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run_dir)
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant} seed {self.seed}"
+
+
+def run_dir_for(out: Path, variant: str, seed: int) -> Path:
+    return out / "runs" / variant / f"seed{seed}"
+
+
+def run_state(run_dir: Path) -> str:
+    """done (scored), trained (to score), resume (a checkpoint to continue from) or new."""
+    if (run_dir / RESULTS).is_file():
+        return "done" if (run_dir / EVAL).is_file() else "trained"
+    return "resume" if (run_dir / "checkpoints" / LAST).is_file() else "new"
+
+
+def budget(cfg: Config) -> str:
+    """The training budget of a config in words."""
+    limits = [f"{cfg.train.max_steps} updates"]
+    if cfg.train.max_time is not None:
+        limits.append(f"{cfg.train.max_time:g} minutes")
+    if cfg.train.max_epochs is not None:
+        limits.append(f"{cfg.train.max_epochs} epochs")
+    return " or ".join(limits) + (", whichever comes first" if len(limits) > 1 else "")
+
+
+@contextmanager
+def comparison_lock(out: Path) -> Iterator[None]:
+    """One nmt-compare at a time per report folder (the lock goes with the process, even on SIGKILL)."""
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise NmtError(f"out={out}: another nmt-compare is working in this folder; wait for it to end or choose another out=") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def train(plan: PlannedRun, resume: bool) -> dict:
+    """nmt-train for one run (its lines go to RUN/train.log only); results.json's figures."""
+    from nmt.training.trainer import Trainer
+
+    quiet = lambda line: None  # noqa: E731
+    if resume:
+        payload = load_checkpoint(plan.run_dir / "checkpoints" / LAST)
+        trainer = Trainer(replace(plan.config, resume=str(plan.run_dir)), plan.run_dir, log=quiet, checkpoint=payload)
+    else:
+        trainer = Trainer(plan.config, plan.run_dir, log=quiet)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.dist.close()
+
+
+def run_all(plans: list[PlannedRun], test: TestSet, under: float, over: float, progress: bool = True,
+            echo: Callable[[str], None] | None = None) -> None:
+    """Train and score each planned run in order; `echo` gets the start and end lines (stdout above the bar by default)."""
+    say = echo or (lambda line: tqdm.write(line, file=sys.stdout))
+    bar = tqdm(total=len(plans), unit="run", file=sys.stderr, disable=None if progress else True, dynamic_ncols=True)
+    try:
+        for number, plan in enumerate(plans, 1):
+            head = f"[{number}/{len(plans)}] {plan.label}"
+            bar.set_description(plan.label)
+            state = run_state(plan.run_dir)
+            if state == "done":
+                evaluation = json.loads((plan.run_dir / EVAL).read_text())
+                say(f"{head}: finished earlier (test BLEU {evaluation['scores']['bleu']['score']:.2f}), skipped")
+                bar.update(1)
+                continue
+            start = time.perf_counter()
+            if state == "resume":
+                step = load_checkpoint(plan.run_dir / "checkpoints" / LAST)["step"]
+                say(f"{head}: resuming from step {step} (budget {budget(plan.config)}); log {plan.run_dir / 'train.log'}")
+            elif state == "new":
+                say(f"{head}: training (budget {budget(plan.config)}); log {plan.run_dir / 'train.log'}")
+            else:
+                say(f"{head}: trained earlier; scoring the test set")
+            if state in ("new", "resume"):
+                train(plan, resume=state == "resume")
+            results = json.loads((plan.run_dir / RESULTS).read_text())
+            evaluation = evaluate_run(plan.run_dir, test, under, over)
+            pace = results["steps"] / results["wall_s"] if results["wall_s"] else 0.0
+            say(
+                f"{head}: done in {duration(time.perf_counter() - start)}: {results['steps']} steps in {duration(results['wall_s'])} "
+                f"({pace:.2f} steps/s{', stopped by train.max_time' if results.get('timed_out') else ''}), "
+                f"test BLEU {evaluation['scores']['bleu']['score']:.2f}, {evaluation['sentences_per_s']} sent/s"
+            )
+            bar.update(1)
+    finally:
+        bar.close()
+
