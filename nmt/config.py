@@ -280,6 +280,7 @@ class CompareConfig:
     length_buckets: int = key(5, at_least(1))  # BLEU by source length: this many buckets of about equal size
     under_attended: float = key(0.5, at_least(0))  # coverage: a source token with less attention mass than this is under-attended
     over_attended: float = key(2.0, positive())  # ... and with more than this, over-attended
+    jobs: int = key(1, at_least(1))  # runs trained at once, each in its own process (e.g. 2 single-thread runs on 2 cores)
     progress: bool = True  # a bar over the whole comparison when stderr is a terminal
 
     def __post_init__(self) -> None:

@@ -42,9 +42,10 @@ def read_csv(path):
 
 @pytest.fixture(scope="module")
 def compared(toy_dir, tmp_path_factory):
+    """Both variants trained at once, each in its own (forked) process."""
     out = tmp_path_factory.mktemp("compare") / "report"
     with pytest.raises(SystemExit) as exit_info:
-        run(compare.main, compare_args(toy_dir, out))
+        run(compare.main, compare_args(toy_dir, out) + ["jobs=2", "train.threads=1"])
     assert exit_info.value.code == 0
     return out
 
@@ -121,7 +122,7 @@ def test_mistakes_are_one_line(toy_dir, tmp_path, capsys):
 
 
 def test_a_run_dir_with_other_settings_is_not_taken_for_finished(compared, toy_dir, capsys):
-    args = compare_args(toy_dir, compared, steps=7)  # the runs there made 6 updates
+    args = compare_args(toy_dir, compared, steps=7) + ["train.threads=1"]  # the runs there made 6 updates
     code, _, err = cli(compare.main, args, capsys)
     one_error_line(code, err, "holds a run with other settings (train.max_steps: 6 -> 7)")
 

@@ -207,22 +207,25 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
     from nmt.compare.collect import PLAN, read_sessions
     from nmt.compare.environment import environment
     from nmt.compare.report import build_report
-    from nmt.compare.runner import budget, comparison_lock, run_all
+    from nmt.compare.runner import budget, comparison_lock, run_all, run_state
+    from nmt.data.dataset import prepare_data
     from nmt.fileio import atomic_open
 
     plans = plan_runs(cfg, out)
     with comparison_lock(out):
         test, align = prepare_test(cfg, plans[0].config.data, out)
+        if any(run_state(p.run_dir) == "new" for p in plans):  # one tokenizer, trained here before any run starts
+            prepare_data(plans[0].config.data, lambda line: print(line))
         cfg.align, cfg.heatmap_lines, cfg.baseline = align, test.heatmap_lines, cfg.baseline_name()
         with atomic_open(out / PLAN, key="out") as f:
             f.write(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         sessions = read_sessions(out) + [{"command": command, "started": datetime.now().isoformat(timespec="seconds"), "environment": environment()}]
         write_session(out, sessions)
-        print(f"nmt-compare: {len(cfg.selected())} variants x {len(cfg.seeds)} seeds = {len(plans)} runs; budget {budget(plans[0].config)} each; "
+        print(f"nmt-compare: {len(cfg.selected())} variants x {len(cfg.seeds)} seeds = {len(plans)} runs, {cfg.jobs} at a time; budget {budget(plans[0].config)} each; "
               f"baseline {cfg.baseline}; test set {len(test.src)} sentences{' with gold alignments' if test.gold else ''}; out {out}")
         start = time.perf_counter()
         try:
-            run_all(plans, test, cfg.under_attended, cfg.over_attended, cfg.progress)
+            run_all(plans, test, cfg.under_attended, cfg.over_attended, cfg.progress, cfg.jobs)
         except BaseException:
             sessions[-1]["interrupted"] = True
             raise

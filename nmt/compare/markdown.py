@@ -227,7 +227,8 @@ def markdown_report(plan: CompareConfig, summary: dict, test: TestData, sessions
         + (f" (**{planned - finished} not finished**: the tables cover the finished ones)" if finished < planned else "") + ". "
         f"Every variant trains on the same data with the same tokenizer, budget and decoding settings; "
         f"budget per run: {budget(base_cfg) if base_cfg else NA}" + (" **(budgets differ between runs)**" if len(budgets) > 1 else "") + ". "
-        f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. "
+        f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
+        + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "") + ". "
         f"Wall-clock of the comparison: {duration(total)} over {len(sessions)} session(s). Report written {datetime.now().isoformat(timespec='seconds')}.", "",
         "## Main results", "",
         main_table(summary), "",

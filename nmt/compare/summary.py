@@ -70,19 +70,18 @@ def significance(runs: dict[str, list[RunRecord]], baseline: str, refs: list[str
     """
     finished = {name: {r.seed: r.hyps for r in group if r.finished} for name, group in runs.items()}
     base = finished.get(baseline, {})
-    signature, pooled, by_seed = "", {}, {}
-    for name, outputs in finished.items():
-        seeds = [s for s in outputs if s in base]
-        if name == baseline or not seeds:
-            continue
-        signature, result = paired_bootstrap(
-            [h for s in seeds for h in base[s]], {name: [h for s in seeds for h in outputs[s]]}, refs * len(seeds), samples, seed
-        )
-        pooled[name] = {**result[name].as_dict(), "seeds": seeds, "significant": significant(result[name])}
-        by_seed[name] = {}
-        for s in seeds:
-            _, single = paired_bootstrap(base[s], {name: outputs[s]}, refs, samples, seed)
-            by_seed[name][s] = {**single[name].as_dict(), "significant": significant(single[name])}
+    common = {name: tuple(s for s in outputs if s in base) for name, outputs in finished.items() if name != baseline}
+    signature, pooled, by_seed = "", {}, {name: {} for name, seeds in common.items() if seeds}
+    for seeds in sorted(set(common.values()) - {()}):  # one test per set of seeds, all variants with that set at once
+        names = [name for name, s in common.items() if s == seeds]
+        signature, results = paired_bootstrap([h for s in seeds for h in base[s]], {n: [h for s in seeds for h in finished[n][s]] for n in names},
+                                              refs * len(seeds), samples, seed)
+        pooled |= {n: {**results[n].as_dict(), "seeds": list(seeds), "significant": significant(results[n])} for n in names}
+    for s in base:
+        names = [name for name, seeds in common.items() if s in seeds]
+        _, results = paired_bootstrap(base[s], {n: finished[n][s] for n in names}, refs, samples, seed)
+        for n in names:
+            by_seed[n][s] = {**results[n].as_dict(), "significant": significant(results[n])}
     return Significance(signature, pooled, by_seed)
 
 
