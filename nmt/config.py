@@ -317,6 +317,9 @@ def to_object(cfg: DictConfig):
     return OmegaConf.to_object(cfg)
 
 
+RUN_KEYS = ("resume", "init_from", "run_dir")  # where a run goes, not what it trains
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     """A nested dict (e.g. dataclasses.asdict of a config) as {"train.max_steps": 10000, ...}."""
     out: dict[str, object] = {}
@@ -326,6 +329,14 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
         else:
             out[f"{prefix}{name}"] = value
     return out
+
+
+def config_differences(old: Config, new: Config) -> list[str]:
+    """`key: old -> new` for every setting that differs."""
+    from dataclasses import asdict
+
+    a, b = flatten(asdict(old)), flatten(asdict(new))
+    return [f"{key}: {a.get(key)} -> {b.get(key)}" for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
 
 
 def config_from_yaml(text: str) -> Config:

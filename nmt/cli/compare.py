@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from dataclasses import asdict, fields, replace
+from dataclasses import fields, replace
 from datetime import datetime
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from nmt.cli.common import compose, print_help, run
-from nmt.cli.train import RUN_KEYS, config_differences
-from nmt.config import CompareConfig, Config, flatten
+from nmt.compare.plan import PlannedRun, check_existing, check_shared, merge_overrides, override_key, run_dir_for
+from nmt.config import CompareConfig
 from nmt.errors import NmtError
 from nmt.training.progress import duration
 
@@ -35,13 +35,6 @@ comparison continues where it stopped when run again with the same out=. Example
 COMPARE_KEYS = {f.name for f in fields(CompareConfig)} | {"experiment"}
 LIST_KEYS = ("variants", "seeds", "heatmap_lines")
 OVERRIDE_LISTS = ("overrides.", "shared")  # lists of KEY=VALUE: `overrides.x=[model=luong,model.score=dot]` is quoted for Hydra
-SAME_FOR_ALL = ("data.", "decode.", "train.max_steps", "train.max_time", "train.max_epochs")  # what every variant must share
-IGNORED = (*RUN_KEYS, "train.progress")  # differences that do not make an existing run another run
-HEATMAP_WORDS = (6, 10)  # automatic heat-map lines: the first test sources of this many words
-
-
-def override_key(argument: str) -> str:
-    return argument.split("=", 1)[0].lstrip("+~")
 
 
 def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -65,19 +58,8 @@ def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
     return mine, theirs
 
 
-def merge_overrides(*lists: list[str]) -> list[str]:
-    """Override lists in order; a later value for the same key replaces an earlier one."""
-    merged: dict[str, str] = {}
-    for overrides in lists:
-        for item in overrides:
-            merged[override_key(item)] = item
-    return list(merged.values())
-
-
-def plan_runs(cfg: CompareConfig, out: Path):
+def plan_runs(cfg: CompareConfig, out: Path) -> list[PlannedRun]:
     """Each variant's training config composed once, then one run per seed; checks that they share data, budget and decoding."""
-    from nmt.compare.runner import PlannedRun, run_dir_for
-
     plans = []
     for name in cfg.selected():
         try:
@@ -91,72 +73,6 @@ def plan_runs(cfg: CompareConfig, out: Path):
     for plan in plans:
         check_existing(plan)
     return plans
-
-
-def check_shared(plans) -> None:
-    """Every variant must share the data (hence the tokenizer and vocabulary), the budget and the decoding settings."""
-    first = flatten(asdict(plans[0].config))
-    for plan in plans[1:]:
-        flat = flatten(asdict(plan.config))
-        for key in first:
-            if key.startswith(SAME_FOR_ALL) and flat[key] != first[key]:
-                raise NmtError(
-                    f"variant {plan.variant}: {key}={flat[key]} but {plans[0].variant} has {first[key]}; every variant must share the data "
-                    "(one tokenizer and vocabulary), the training budget and the decoding settings"
-                )
-
-
-def check_existing(plan) -> None:
-    """A run dir left by an earlier nmt-compare must hold a run with exactly these settings."""
-    from nmt.config import config_from_yaml
-
-    saved_path = plan.run_dir / "config.yaml"
-    if not saved_path.is_file():
-        return
-    saved: Config = config_from_yaml(saved_path.read_text(encoding="utf-8"))
-    differences = [d for d in config_differences(saved, plan.config) if d.split(":")[0] not in IGNORED]
-    if differences:
-        raise NmtError(
-            f"{plan.run_dir}: holds a run with other settings ({'; '.join(differences[:3])}); "
-            "run the comparison into another out=, or delete that run dir to train it again"
-        )
-
-
-def pick_heatmap_lines(src: list[str], asked: list[int]) -> list[int]:
-    """The test lines drawn as heat maps: those asked, else the first 3 sources of 6-10 words (else the first 3 non-empty)."""
-    for line in asked:
-        if not 0 <= line < len(src):
-            raise NmtError(f"heatmap_lines: line {line} is not in the test set (lines 0 to {len(src) - 1})")
-    if asked:
-        return asked
-    low, high = HEATMAP_WORDS
-    fitting = [k for k, s in enumerate(src) if low <= len(s.split()) <= high]
-    return (fitting or [k for k, s in enumerate(src) if s.strip()])[:3]
-
-
-def prepare_test(cfg: CompareConfig, data, out: Path):
-    """Copy the test split (and its gold alignments) into OUT; the same text must be there from an earlier session."""
-    from nmt.compare.collect import TEST_ALIGN, TEST_REF, TEST_SRC
-    from nmt.compare.evaluate import TestSet
-    from nmt.data.corpus import read_lines
-    from nmt.data.dataset import ensure_synthetic, read_split
-    from nmt.evaluation.alignment import read_pharaoh
-    from nmt.fileio import atomic_open
-
-    ensure_synthetic(data)
-    text = read_split(data, "test")
-    if text is None:
-        raise NmtError("data.test: the data config names no test split; nmt-compare scores every variant on it")
-    for name, lines in ((TEST_SRC, text.src), (TEST_REF, text.tgt)):
-        path = out / name
-        if path.is_file() and read_lines(path) != lines:
-            raise NmtError(f"out={out}: its {name} differs from the test split of data.test={data.test}; the runs there were scored on other sentences; choose another out=")
-    align = cfg.align or (f"{data.test}.align" if data.test and Path(f"{data.test}.align").is_file() else None)
-    gold = read_pharaoh(align, text.src, text.tgt) if align else None
-    for name, lines in ((TEST_SRC, text.src), (TEST_REF, text.tgt), *(((TEST_ALIGN, read_lines(align)),) if align else ())):
-        with atomic_open(out / name, key="out") as f:
-            f.writelines(line + "\n" for line in lines)
-    return TestSet(text.src, text.tgt, gold, pick_heatmap_lines(text.src, cfg.heatmap_lines)), align
 
 
 def saved_plan(out: Path, overrides: list[str]) -> CompareConfig:
@@ -206,6 +122,7 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
     """Plan, train and score every run not done yet, then write the report."""
     from nmt.compare.collect import PLAN, read_sessions
     from nmt.compare.environment import environment
+    from nmt.compare.plan import prepare_test
     from nmt.compare.report import build_report
     from nmt.compare.runner import budget, comparison_lock, run_all, run_state
     from nmt.data.dataset import prepare_data
@@ -215,7 +132,7 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
     with comparison_lock(out):
         test, align = prepare_test(cfg, plans[0].config.data, out)
         if any(run_state(p.run_dir) == "new" for p in plans):  # one tokenizer, trained here before any run starts
-            prepare_data(plans[0].config.data, lambda line: print(line))
+            prepare_data(plans[0].config.data, print)
         cfg.align, cfg.heatmap_lines, cfg.baseline = align, test.heatmap_lines, cfg.baseline_name()
         with atomic_open(out / PLAN, key="out") as f:
             f.write(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
@@ -230,7 +147,7 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
             sessions[-1]["interrupted"] = True
             raise
         finally:
-            sessions[-1]["seconds"] = round(time.perf_counter() - start, 1)
+            sessions[-1]["seconds"] = round(time.perf_counter() - start, 1)  # training and scoring; the report follows
             write_session(out, sessions)
         print(build_report(out, cfg))
     print(f"report: {out / 'report.md'} (this session: {duration(sessions[-1]['seconds'])})")

@@ -14,14 +14,14 @@ from omegaconf import OmegaConf
 
 from nmt.compare.curves import Curve, read_curve
 from nmt.compare.evaluate import EVAL, HEATMAPS, HYP
-from nmt.compare.runner import RESULTS, run_dir_for
+from nmt.compare.plan import TEST_ALIGN, TEST_REF, TEST_SRC, run_dir_for
+from nmt.compare.runner import RESULTS
 from nmt.config import CompareConfig, Config, config_from_yaml
 from nmt.data.corpus import read_lines
 from nmt.errors import NmtError
 from nmt.evaluation.alignment import GoldAlignment, read_pharaoh
 
 PLAN, SESSIONS = "comparison.yaml", "sessions.json"
-TEST_SRC, TEST_REF, TEST_ALIGN = "test.src", "test.ref", "test.align"
 
 
 @dataclass

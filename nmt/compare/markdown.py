@@ -13,11 +13,11 @@ from datetime import datetime
 from nmt.compare.collect import RunRecord, TestData
 from nmt.compare.runner import budget
 from nmt.compare.summary import ALPHA
-from nmt.config import CompareConfig, Config, config_to_yaml, flatten
+from nmt.config import RUN_KEYS, CompareConfig, Config, config_to_yaml, flatten
 from nmt.training.progress import duration
 
 NA = "n/a"
-RUN_KEYS = ("run_dir", "resume", "init_from", "train.seed", "train.progress")
+NOT_SETTINGS = (*RUN_KEYS, "train.seed", "train.progress")  # left out of the config differences
 
 
 def num(value: float | None, digits: int = 1) -> str:
@@ -133,12 +133,12 @@ def config_section(configs: dict[str, Config | None], baseline: str) -> list[str
     base = configs.get(baseline)
     if base is None:
         return ["No resolved config yet (the baseline has not started)."]
-    flat_base = {k: v for k, v in flatten(asdict(base)).items() if k not in RUN_KEYS}
+    flat_base = {k: v for k, v in flatten(asdict(base)).items() if k not in NOT_SETTINGS}
     rows = []
     for name, cfg in configs.items():
         if cfg is None or name == baseline:
             continue
-        flat = {k: v for k, v in flatten(asdict(cfg)).items() if k not in RUN_KEYS}
+        flat = {k: v for k, v in flatten(asdict(cfg)).items() if k not in NOT_SETTINGS}
         diff = [f"{k}={flat.get(k)}" for k in sorted(set(flat) | set(flat_base)) if flat.get(k) != flat_base.get(k)]
         rows.append([name, " ".join(diff) or "(none)"])
     lines = ["Each run's resolved config is `RUN/config.yaml`. Settings that differ from the baseline's (seed and run dir aside):", "",
@@ -229,7 +229,7 @@ def markdown_report(plan: CompareConfig, summary: dict, test: TestData, sessions
         f"budget per run: {budget(base_cfg) if base_cfg else NA}" + (" **(budgets differ between runs)**" if len(budgets) > 1 else "") + ". "
         f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
         + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "") + ". "
-        f"Wall-clock of the comparison: {duration(total)} over {len(sessions)} session(s). Report written {datetime.now().isoformat(timespec='seconds')}.", "",
+        f"Training and scoring took {duration(total)} (wall-clock, {len(sessions)} session(s)). Report written {datetime.now().isoformat(timespec='seconds')}.", "",
         "## Main results", "",
         main_table(summary), "",
         "How to read it: *test BLEU* is the mean ± standard deviation over seeds. *Δ BLEU* is the variant's BLEU minus the baseline's on the "

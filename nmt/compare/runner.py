@@ -20,7 +20,7 @@ import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -28,33 +28,13 @@ import torch
 from tqdm import tqdm
 
 from nmt.compare.evaluate import EVAL, TestSet, evaluate_run
+from nmt.compare.plan import PlannedRun
 from nmt.config import Config
 from nmt.errors import NmtError
 from nmt.training.checkpoint import LAST, load_checkpoint
 from nmt.training.progress import duration
 
 RESULTS = "results.json"
-
-
-@dataclass
-class PlannedRun:
-    """One variant at one seed: its resolved training config (run_dir set)."""
-
-    variant: str
-    seed: int
-    config: Config
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.config.run_dir)
-
-    @property
-    def label(self) -> str:
-        return f"{self.variant} seed {self.seed}"
-
-
-def run_dir_for(out: Path, variant: str, seed: int) -> Path:
-    return out / "runs" / variant / f"seed{seed}"
 
 
 def run_state(run_dir: Path) -> str:
