@@ -271,7 +271,7 @@ class CompareConfig:
     extra: list[str] = field(default_factory=list)  # the command line's nmt-train KEY=VALUE, applied to every variant
     variants: list[str] = field(default_factory=list)  # the variants to run, in this order (empty: all of `overrides`)
     seeds: list[int] = field(default_factory=lambda: [1])  # train.seed values; every variant runs with each
-    baseline: Optional[str] = None  # the variant the others are tested against (default: the first)
+    baseline: Optional[str] = None  # the variant the others are tested against (default, or when not among `variants`: the first)
     report_only: bool = False  # rebuild the report from the runs in OUT, training nothing
     bootstrap: int = key(1000, at_least(1))  # paired bootstrap resamples (sacrebleu's paired test)
     bootstrap_seed: int = key(12345, at_least(0))  # the resampling seed (sacrebleu's default)
@@ -290,14 +290,14 @@ class CompareConfig:
         known = ", ".join(self.overrides) or "none defined (give experiment=NAME, or overrides.NAME=[...])"
         for name in self.variants + ([self.baseline] if self.baseline else []):
             require(name in self.overrides, f"variants: no variant named '{name}'; expected one of {known}")
-        require(self.baseline is None or not self.variants or self.baseline in self.variants, f"baseline={self.baseline}: not among variants={','.join(self.variants)}")
 
     def selected(self) -> list[str]:
         """The variants this comparison runs, in order."""
         return list(self.variants or self.overrides)
 
     def baseline_name(self) -> str:
-        return self.baseline or self.selected()[0]
+        """`baseline` when it is among the variants run, else the first of them."""
+        return self.baseline if self.baseline in self.selected() else self.selected()[0]
 
 
 def register_configs() -> None:

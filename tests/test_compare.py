@@ -76,20 +76,25 @@ def test_report_only_rebuilds_from_the_runs_with_another_baseline(compared, caps
     assert json.loads((compared / "results.json").read_text())["baseline"] == "luong_local_p"
 
 
+def killing_luong_at_step_6():
+    """A Trainer.train_step that SIGKILLs its own process just before the luong run's update 6 (after its checkpoint at step 4)."""
+    update = Trainer.train_step
+
+    def train_step(self, batches, tokens=None):
+        if self.cfg.model.arch == "luong" and self.step + 1 == 6:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return update(self, batches, tokens)
+
+    return train_step
+
+
 @needs_fork
 def test_a_killed_comparison_skips_the_finished_run_and_resumes_the_other(toy_dir, tmp_path, capsys):
     out = tmp_path / "report"
-    args = compare_args(toy_dir, out, steps=8)
+    args = compare_args(toy_dir, out, steps=8) + ["jobs=1"]
 
     def work():
-        update = Trainer.train_step
-
-        def train_step(self, batches, tokens=None):
-            if self.cfg.model.arch == "luong" and self.step + 1 == 6:  # after the luong run's checkpoint at step 4
-                os.kill(os.getpid(), signal.SIGKILL)
-            return update(self, batches, tokens)
-
-        Trainer.train_step = train_step
+        Trainer.train_step = killing_luong_at_step_6()  # in the child only
         run(compare.main, args)
 
     assert wait(fork(work)) == -signal.SIGKILL
@@ -105,6 +110,20 @@ def test_a_killed_comparison_skips_the_finished_run_and_resumes_the_other(toy_di
     assert len(read_csv(out / "results.csv")) == 2
     sessions = json.loads((out / "sessions.json").read_text())
     assert len(sessions) == 2 and "seconds" not in sessions[0] and sessions[1]["seconds"] > 0
+
+
+@needs_fork
+def test_a_killed_worker_stops_the_comparison_with_one_line_and_the_next_run_resumes(toy_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "report"
+    args = compare_args(toy_dir, out, steps=8) + ["jobs=2", "train.threads=1"]
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_step", killing_luong_at_step_6())  # the forked workers inherit it
+        code, _, err = cli(compare.main, args, capsys)
+    one_error_line(code, err, "error: a worker process died (killed, or out of memory?)")
+    code, text, err = cli(compare.main, args, capsys)
+    assert code == 0, err
+    assert "luong_local_p seed 1: resuming from step 4" in text
+    assert len(read_csv(out / "results.csv")) == 2
 
 
 def test_mistakes_are_one_line(toy_dir, tmp_path, capsys):

@@ -76,7 +76,7 @@ def test_tables_come_from_the_runs(out):
     # The pooled paired test: both seeds' outputs end to end against the baseline's.
     _, result = paired_bootstrap(OUTPUTS["base"][1] + OUTPUTS["base"][2], {"good": OUTPUTS["good"][1] + OUTPUTS["good"][2]}, REF * 2, 200, 12345)
     r = result["good"]
-    assert good[2] == f"{r.delta:+.1f} [{r.ci_low:+.1f}, {r.ci_high:+.1f}]" and good[3] == f"{r.p_value:.3f}"
+    assert good[2] == f"{r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]" and good[3] == f"{r.p_value:.3f}"
     with open(out / "results.csv", newline="") as f:
         rows = {row["variant"]: row for row in csv.DictReader(f)}
     assert set(rows) == {"base", "good"} and float(rows["good"]["bleu_mean"]) == pytest.approx(mean)

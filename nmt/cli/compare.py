@@ -129,6 +129,8 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
     from nmt.fileio import atomic_open
 
     plans = plan_runs(cfg, out)
+    if cfg.baseline and cfg.baseline != cfg.baseline_name():
+        print(f"nmt-compare: baseline={cfg.baseline} is not among the variants run; testing against {cfg.baseline_name()}")
     with comparison_lock(out):
         test, align = prepare_test(cfg, plans[0].config.data, out)
         if any(run_state(p.run_dir) == "new" for p in plans):  # one tokenizer, trained here before any run starts

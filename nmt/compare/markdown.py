@@ -60,7 +60,7 @@ def delta_cells(sig: dict | None, baseline: bool) -> list[str]:
         return ["baseline", "", ""]
     if not sig:
         return [NA, NA, NA]
-    return [f"{signed(sig['delta'])} [{signed(sig['ci_low'])}, {signed(sig['ci_high'])}]", f"{sig['p_value']:.3f}", "yes" if sig["significant"] else "no"]
+    return [f"{signed(sig['delta'], 2)} [{signed(sig['ci_low'], 2)}, {signed(sig['ci_high'], 2)}]", f"{sig['p_value']:.3f}", "yes" if sig["significant"] else "no"]
 
 
 def main_table(summary: dict) -> str:

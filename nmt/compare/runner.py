@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -172,6 +173,11 @@ def _run_parallel(plans: list[PlannedRun], test: TestSet, under: float, over: fl
                 for future in done:
                     future.result()  # a run's error stops the comparison
                     bar.update(1)
+        except BrokenProcessPool:
+            raise NmtError(
+                "a worker process died (killed, or out of memory?) and the runs in progress stopped with it; "
+                "run the same command again to continue them from their last checkpoints"
+            ) from None
         except BaseException:
             for future in pending:
                 future.cancel()
