@@ -293,6 +293,50 @@ class ServeConfig:
         require(self.decode.beam <= self.serve.max_beam, f"decode.beam={self.decode.beam}: above serve.max_beam={self.serve.max_beam}")
 
 
+@dataclass
+class CompareConfig:
+    """nmt-compare: train named variants on the same data, budget and decoding, then decode the test set and report.
+
+    Each variant is a list of nmt-train overrides; a run gets `shared`, then the variant's own overrides, then
+    the command line's KEY=VALUE (`extra`), then its seed (a later value for the same key wins).
+    """
+
+    out: str = "runs/compare"  # the report folder; run dirs go to OUT/runs/VARIANT/seedN
+    name: Optional[str] = None  # the report's title (an experiment sets it)
+    overrides: dict[str, list[str]] = field(default_factory=dict)  # variant name -> its nmt-train overrides
+    shared: list[str] = field(default_factory=list)  # nmt-train overrides every variant gets (data, sizes, budget)
+    extra: list[str] = field(default_factory=list)  # the command line's nmt-train KEY=VALUE, applied to every variant
+    variants: list[str] = field(default_factory=list)  # the variants to run, in this order (empty: all of `overrides`)
+    seeds: list[int] = field(default_factory=lambda: [1])  # train.seed values; every variant runs with each
+    baseline: Optional[str] = None  # the variant the others are tested against (default, or when not among `variants`: the first)
+    report_only: bool = False  # rebuild the report from the runs in OUT, training nothing
+    bootstrap: int = key(1000, at_least(1))  # paired bootstrap resamples (sacrebleu's paired test)
+    bootstrap_seed: int = key(12345, at_least(0))  # the resampling seed (sacrebleu's default)
+    align: Optional[str] = None  # gold word alignments of the test set (Pharaoh i-j); default: the test prefix + .align if it exists
+    heatmap_lines: list[int] = field(default_factory=list)  # test lines (from 0) drawn as heat maps; empty: 3 picked by length
+    length_buckets: int = key(5, at_least(1))  # BLEU by source length: this many buckets of about equal size
+    under_attended: float = key(0.5, at_least(0))  # coverage: a source token with less attention mass than this is under-attended
+    over_attended: float = key(2.0, positive())  # ... and with more than this, over-attended
+    jobs: int = key(1, at_least(1))  # runs trained at once, each in its own process (e.g. 2 single-thread runs on 2 cores)
+    progress: bool = True  # a bar over the whole comparison when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
+        require(self.over_attended > self.under_attended, f"over_attended={self.over_attended}: expected more than under_attended={self.under_attended}")
+        require(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0, f"seeds={self.seeds}: expected distinct seeds >= 0")
+        known = ", ".join(self.overrides) or "none defined (give experiment=NAME, or overrides.NAME=[...])"
+        for name in self.variants + ([self.baseline] if self.baseline else []):
+            require(name in self.overrides, f"variants: no variant named '{name}'; expected one of {known}")
+
+    def selected(self) -> list[str]:
+        """The variants this comparison runs, in order."""
+        return list(self.variants or self.overrides)
+
+    def baseline_name(self) -> str:
+        """`baseline` when it is among the variants run, else the first of them."""
+        return self.baseline if self.baseline in self.selected() else self.selected()[0]
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (the recipes' `defaults` name them)."""
     from hydra.core.config_store import ConfigStore
@@ -303,11 +347,34 @@ def register_configs() -> None:
     store.store(name="base_evaluate", node=EvaluateConfig)
     store.store(name="base_average", node=AverageConfig)
     store.store(name="base_serve", node=ServeConfig)
+    store.store(name="base_compare", node=CompareConfig)
 
 
 def to_object(cfg: DictConfig):
     """The composed config as plain dataclasses (interpolations resolved)."""
     return OmegaConf.to_object(cfg)
+
+
+RUN_KEYS = ("resume", "init_from", "run_dir")  # where a run goes, not what it trains
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A nested dict (e.g. dataclasses.asdict of a config) as {"train.max_steps": 10000, ...}."""
+    out: dict[str, object] = {}
+    for name, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def config_differences(old: Config, new: Config) -> list[str]:
+    """`key: old -> new` for every setting that differs."""
+    from dataclasses import asdict
+
+    a, b = flatten(asdict(old)), flatten(asdict(new))
+    return [f"{key}: {a.get(key)} -> {b.get(key)}" for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
 
 
 def config_from_yaml(text: str) -> Config:

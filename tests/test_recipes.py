@@ -34,7 +34,7 @@ def test_every_model_recipe_builds_and_steps(model):
 
 @pytest.mark.parametrize("group", ["data", "train", "decode", "experiment"])
 def test_every_other_recipe_composes(group):
-    for name in GROUPS[group]:
+    for name in [n for n in GROUPS[group] if not n.startswith("compare_")]:  # compare_*: nmt-compare's, below
         overrides = [f"{group}={name}"] + (["data.train=corpus/train"] if name == "parallel" else [])
         cfg = compose("config", overrides)
         assert cfg.train.max_steps > 0 and cfg.decode.beam >= 1
@@ -44,3 +44,15 @@ def test_multi30k_recipe_resolves_paths_against_root():
     cfg = compose("config", ["data=multi30k_en_de", "data.root=/corpora/m30k"])
     assert (cfg.data.train, cfg.data.valid, cfg.data.test) == ("/corpora/m30k/train", "/corpora/m30k/val", "/corpora/m30k/test_2016_flickr")
     assert (cfg.data.src, cfg.data.tgt) == ("en", "de")
+
+
+@pytest.mark.parametrize("name", [n for n in GROUPS["experiment"] if n.startswith("compare_")])
+def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
+    from nmt.cli.compare import plan_runs
+
+    cfg = compose("compare", [f"experiment={name}"])
+    plans = plan_runs(cfg, tmp_path)  # every variant's nmt-train config; they share the data, budget and decoding (or this raises)
+    assert len(cfg.selected()) >= 12 and len(plans) == len(cfg.selected()) * len(cfg.seeds)
+    assert cfg.baseline_name() in cfg.selected()
+    for plan in plans[:: len(cfg.seeds)]:
+        assert build_model(plan.config.model, 50, 50, joint=True) is not None

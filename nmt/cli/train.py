@@ -9,7 +9,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from nmt.cli.common import compose, print_help, run
-from nmt.config import Config
+from nmt.config import RUN_KEYS, Config, config_differences
+from nmt.config import flatten as _flatten
 from nmt.errors import NmtError
 
 USAGE = """
@@ -27,23 +28,6 @@ Train a model from the recipes. Examples:
 # Settings a checkpoint's weights and vocabulary depend on: they cannot change on resume or init_from.
 VOCABULARY_KEYS = ("data.vocab_size", "data.spm_model", "data.joint_vocab")
 FREE_MODEL_KEYS = ("model.dropout",)
-RUN_KEYS = ("resume", "init_from", "run_dir")
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def config_differences(old: Config, new: Config) -> list[str]:
-    """`key: old -> new` for every setting that differs."""
-    a, b = _flatten(asdict(old)), _flatten(asdict(new))
-    return [f"{key}: {a.get(key)} -> {b.get(key)}" for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
 
 
 def fixed_keys(cfg: Config) -> list[str]:

@@ -32,7 +32,12 @@ def plot_attention(matrix: np.ndarray, src: list[str], tgt: list[str], path: str
     if title:
         ax.set_title(title, loc="left", fontsize="small")
     fig.colorbar(image, ax=ax, shrink=0.8)
+    save_figure(fig, path, "plot_dir")
+
+
+def save_figure(fig, path: str | Path, key: str, dpi: int = 100) -> None:
+    """Write a matplotlib Figure as PNG atomically (`key` names the setting in an error)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Glyph .* missing")  # scripts the default font lacks
-        with atomic_open(path, "wb", key="plot_dir") as f:
-            fig.savefig(f, format="png", dpi=100)
+        with atomic_open(path, "wb", key=key) as f:
+            fig.savefig(f, format="png", dpi=dpi)

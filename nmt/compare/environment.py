@@ -1,0 +1,64 @@
+"""Where a comparison ran: package versions, hardware, threads, the code's git commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+PACKAGES = ("torch", "sacrebleu", "sentencepiece", "numpy", "matplotlib", "hydra-core", "omegaconf", "datasets")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str | None:
+    """The commit of the nmt source tree (with `+changes` when it has uncommitted edits), if it is a git checkout."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10)
+        return commit.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment() -> dict:
+    """A JSON-able description of this process's software and hardware."""
+    import nmt
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return {
+        "nmt": nmt.__version__,
+        "git_commit": _git_commit(),
+        "python": sys.version.split()[0],
+        "packages": {name: _version(name) for name in PACKAGES},
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "gpus": gpus,
+        "torch_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+    }

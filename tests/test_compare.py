@@ -1,0 +1,162 @@
+"""nmt-compare end to end on the toy task: tiny variants, the report folder, report_only, and a SIGKILL in the middle."""
+
+import csv
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from nmt.cli import compare
+from nmt.cli.common import run
+from nmt.compare.probe import forced_attention, predictive_windows
+from nmt.config import ModelConfig
+from nmt.data.tokenizer import EOS
+from nmt.models.seq2seq import build_model
+from nmt.search import greedy_search
+from nmt.training.trainer import Trainer
+from tests.conftest import random_batch
+from tests.test_cli import cli, toy_overrides
+from tests.test_errors import one_error_line
+from tests.test_resume import fork, needs_fork, wait
+
+TINY = [
+    "model.dim=16", "model.ffn_dim=32", "model.window_size=3", "data.vocab_size=100", "train.batch_tokens=512", "train.warmup=4",
+    "train.valid_every=4", "train.save_every=4", "train.log_every=2", "train.valid_bleu_sentences=5", "decode.max_len_a=1.0", "decode.max_len_b=2",
+]
+
+
+def compare_args(toy_dir, out, steps: int = 6) -> list[str]:
+    """Two tiny variants of the toy experiment, one seed, on the test corpus (100 test pairs with gold alignments)."""
+    return [
+        "experiment=compare_attention_toy", "variants=transformer,luong_local_p", "seeds=1", f"out={out}", "progress=false", "bootstrap=50",
+        *toy_overrides(toy_dir), f"data.cache_dir={out.parent}/cache", *TINY, f"train.max_steps={steps}",
+    ]
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def compared(toy_dir, tmp_path_factory):
+    """Both variants trained at once, each in its own (forked) process."""
+    out = tmp_path_factory.mktemp("compare") / "report"
+    with pytest.raises(SystemExit) as exit_info:
+        run(compare.main, compare_args(toy_dir, out) + ["jobs=2", "train.threads=1"])
+    assert exit_info.value.code == 0
+    return out
+
+
+def test_the_report_folder_has_one_row_per_variant(compared):
+    for name in ("report.md", "results.csv", "results.json", "bleu_bars.png", "learning_curves.png", "bleu_by_length.png", "attention_heatmaps.png"):
+        assert (compared / name).is_file(), name
+    rows = read_csv(compared / "results.csv")
+    assert [r["variant"] for r in rows] == ["transformer", "luong_local_p"]
+    report = (compared / "report.md").read_text()
+    results = json.loads((compared / "results.json").read_text())
+    for row, variant in zip(rows, results["variants"]):
+        evaluation = json.loads((compared / "runs" / row["variant"] / "seed1" / "eval.json").read_text())
+        assert float(row["bleu_mean"]) == evaluation["scores"]["bleu"]["score"] == variant["bleu"]["mean"]
+        assert f"| {row['variant']} " in report.split("## Training")[0]
+        assert evaluation["alignment"]["sentences"] + evaluation["alignment"]["skipped"] == 100  # gold found beside data.test
+    assert results["variants"][1]["significance"]["seeds"] == [1] and results["variants"][0]["significance"] is None
+    assert len(results["consistency"]["tokenizer_sha256"]) == 1  # one tokenizer for both variants
+    local_p = results["variants"][1]["attention"]["p_t_diagonal_distance"]["mean"]
+    assert local_p is not None and results["variants"][0]["attention"]["p_t_diagonal_distance"]["mean"] is None
+
+
+def test_report_only_rebuilds_from_the_runs_with_another_baseline(compared, capsys):
+    code, out, err = cli(compare.main, ["report_only=true", f"out={compared}", "baseline=luong_local_p"], capsys)
+    assert code == 0, err
+    main = [line for line in out.splitlines() if line.startswith("| luong_local_p ")]
+    assert main and "baseline" in main[0]
+    assert json.loads((compared / "results.json").read_text())["baseline"] == "luong_local_p"
+
+
+def killing_luong_at_step_6():
+    """A Trainer.train_step that SIGKILLs its own process just before the luong run's update 6 (after its checkpoint at step 4)."""
+    update = Trainer.train_step
+
+    def train_step(self, batches, tokens=None):
+        if self.cfg.model.arch == "luong" and self.step + 1 == 6:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return update(self, batches, tokens)
+
+    return train_step
+
+
+@needs_fork
+def test_a_killed_comparison_skips_the_finished_run_and_resumes_the_other(toy_dir, tmp_path, capsys):
+    out = tmp_path / "report"
+    args = compare_args(toy_dir, out, steps=8) + ["jobs=1"]
+
+    def work():
+        Trainer.train_step = killing_luong_at_step_6()  # in the child only
+        run(compare.main, args)
+
+    assert wait(fork(work)) == -signal.SIGKILL
+    finished, killed = out / "runs" / "transformer" / "seed1", out / "runs" / "luong_local_p" / "seed1"
+    scored_at = (finished / "eval.json").stat().st_mtime_ns
+    assert not (killed / "results.json").exists() and (killed / "checkpoints" / "last.pt").is_file()
+    code, text, err = cli(compare.main, args, capsys)
+    assert code == 0, err
+    assert "[1/2] transformer seed 1: finished earlier" in text and "[2/2] luong_local_p seed 1: resuming from step 4" in text
+    assert (finished / "eval.json").stat().st_mtime_ns == scored_at  # not trained or scored again
+    assert f"resumed from {killed}/checkpoints/last.pt at step 4" in (killed / "train.log").read_text()
+    assert json.loads((killed / "results.json").read_text())["steps"] == 8
+    assert len(read_csv(out / "results.csv")) == 2
+    sessions = json.loads((out / "sessions.json").read_text())
+    assert len(sessions) == 2 and "seconds" not in sessions[0] and sessions[1]["seconds"] > 0
+
+
+@needs_fork
+def test_a_killed_worker_stops_the_comparison_with_one_line_and_the_next_run_resumes(toy_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "report"
+    args = compare_args(toy_dir, out, steps=8) + ["jobs=2", "train.threads=1"]
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_step", killing_luong_at_step_6())  # the forked workers inherit it
+        code, _, err = cli(compare.main, args, capsys)
+    one_error_line(code, err, "error: a worker process died (killed, or out of memory?)")
+    code, text, err = cli(compare.main, args, capsys)
+    assert code == 0, err
+    assert "luong_local_p seed 1: resuming from step 4" in text
+    assert len(read_csv(out / "results.csv")) == 2
+
+
+def test_mistakes_are_one_line(toy_dir, tmp_path, capsys):
+    args = compare_args(toy_dir, tmp_path / "report")
+    code, _, err = cli(compare.main, args + ["variants=transformer,lstm"], capsys)
+    one_error_line(code, err, "error: variants: no variant named 'lstm'; expected one of transformer,")
+    code, _, err = cli(compare.main, args + ["overrides.transformer=[model=transformer,data.max_len=50]"], capsys)
+    one_error_line(code, err, "error: variant luong_local_p: data.max_len=80 but transformer has 50; every variant must share the data")
+    code, _, err = cli(compare.main, ["report_only=true", f"out={tmp_path}/nothing"], capsys)
+    one_error_line(code, err, f"error: out={tmp_path}/nothing: no comparison.yaml there")
+    code, _, err = cli(compare.main, ["report_only=true", f"out={tmp_path}", "train.max_steps=5"], capsys)
+    one_error_line(code, err, "error: report_only=true trains nothing")
+    code, _, err = cli(compare.main, ["seeds=1,1"], capsys)
+    one_error_line(code, err, "error: seeds=[1, 1]: expected distinct seeds")
+
+
+def test_a_run_dir_with_other_settings_is_not_taken_for_finished(compared, toy_dir, capsys):
+    args = compare_args(toy_dir, compared, steps=7) + ["train.threads=1"]  # the runs there made 6 updates
+    code, _, err = cli(compare.main, args, capsys)
+    one_error_line(code, err, "holds a run with other settings (train.max_steps: 6 -> 7)")
+
+
+def test_forced_attention_is_the_attention_of_greedy_search():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="luong", dim=16, layers=1, window="local_p", window_size=2, dropout=0.0), 30, 30, joint=True).eval()
+    batch = random_batch(30, src_lens=(6, 3), tgt_lens=(1, 1))
+    hyps = greedy_search(model, batch.src, batch.src_mask, torch.tensor([5, 4]), 0, 0.0)
+    src = [row[mask][:-1].tolist() for row, mask in zip(batch.src, batch.src_mask)]
+    tgt = [h.tokens for h in hyps]
+    forced = forced_attention(model, src, tgt, torch.device("cpu"))
+    for hyp, probe, s in zip(hyps, forced, src):
+        steps = len(hyp.tokens) + (1 if hyp.tokens and len(hyp.attention) > len(hyp.tokens) else 0)
+        torch.testing.assert_close(torch.tensor(probe.attention[:steps]), hyp.attention[:steps].float(), atol=1e-5, rtol=0)
+        assert probe.positions.shape == (len(hyp.tokens) + 1,) and ((probe.positions >= 0) & (probe.positions <= len(s) + 1)).all()
+    assert all("positions" not in vars(w) for w in predictive_windows(model))  # the recorder is gone
+    assert EOS not in tgt[0]

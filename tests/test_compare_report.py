@@ -1,0 +1,115 @@
+"""The report from small fixture runs written by hand: every number in its tables comes from the runs' files."""
+
+import csv
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from nmt.compare.curves import read_curve
+from nmt.compare.report import build_report
+from nmt.config import CompareConfig, Config, DataConfig, config_to_yaml
+from nmt.evaluation.metrics import corpus_score
+from nmt.evaluation.significance import paired_bootstrap
+from tests.conftest import write
+
+SRC = ["a b c", "d e", "f g h i", "j k l m n o", "p", "q r s t"]
+REF = ["x y z", "u v", "w x y z", "p q r s t u", "v", "a b c d"]
+OUTPUTS = {  # variant -> seed -> test output
+    "base": {1: ["x y q", "u v", "w x q z", "p q r s q u", "q", "a q c d"], 2: ["x q z", "u q", "w x y q", "p q q s t u", "v", "a b q d"]},
+    "good": {1: ["x y z", "u v", "w x y z", "p q r s t u", "v", "a b c q"], 2: ["x y z", "u v", "w x y z", "p q r s t q", "v", "a b c d"]},
+}
+LOG = """model: transformer, 1,000 parameters
+step 2/4 | epoch 0.50 | loss 3.000 ppl 20.1 | lr 1.00e-03 | 1,000 tok/s | 10s | ETA 10s
+step 2 | valid loss 2.500 ppl 12.18 | BLEU 10.00 chrF 20.00 (beam=1)
+step 4/4 | epoch 1.00 | loss 2.000 ppl 7.4 | lr 1.00e-03 | 1,000 tok/s | 30s | ETA 0s
+step 4 | valid loss {loss} ppl {ppl} | BLEU 20.00 chrF 30.00 (beam=1)
+"""
+
+
+def fixture_run(folder, seed, hyps, bleu_offset=0.0):
+    """A finished run's files as nmt-train and nmt.compare.evaluate write them (scores from sacrebleu on `hyps`)."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(config_to_yaml(Config(data=DataConfig(train="t"))))
+    scores = {m: corpus_score(m, hyps, REF) for m in ("bleu", "chrf", "ter", "bleu_lc")}
+    (folder / "results.json").write_text(json.dumps({"steps": 4, "wall_s": 40.0 + 2 * seed, "train_tokens_per_s": 1000.0 * seed, "timed_out": False}))
+    evaluation = {
+        "checkpoint_step": 4, "sentences": len(hyps), "test_sha256": "t", "decode": "beam=1", "sentences_per_s": 50.0,
+        "parameters": 1234, "tokenizer_sha256": "k",
+        "scores": {m: {"score": s.score + (bleu_offset if m == "bleu" else 0.0), "signature": s.signature} for m, s in scores.items()},
+        "attention": {"entropy": 0.5 * seed, "max_weight": 0.9, "coverage": 1.0, "under_attended": 0.1, "over_attended": 0.0, "p_t_diagonal_distance": None},
+        "alignment": {"aer": 0.2 + 0.1 * seed, "precision": 0.8, "recall": 0.7},
+    }
+    (folder / "eval.json").write_text(json.dumps(evaluation))
+    write(folder / "test.hyp", hyps)
+    (folder / "train.log").write_text(LOG.format(loss=1.5 + seed, ppl=f"{seed + 3.5:.2f}"))
+
+
+@pytest.fixture
+def out(tmp_path):
+    out = tmp_path / "cmp"
+    for name, seeds in OUTPUTS.items():
+        for seed, hyps in seeds.items():
+            fixture_run(out / "runs" / name / f"seed{seed}", seed, hyps)
+    write(out / "test.src", SRC)
+    write(out / "test.ref", REF)
+    plan = CompareConfig(out=str(out), name="Fixture", overrides={"base": ["model=transformer"], "good": ["model=luong"]}, seeds=[1, 2],
+                         baseline="base", bootstrap=200, length_buckets=2, heatmap_lines=[0])
+    (out / "comparison.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(plan)))
+    return out
+
+
+def main_rows(report: str) -> dict[str, list[str]]:
+    table = report.split("## Main results")[1].split("How to read")[0]
+    return {cells[0]: cells for line in table.splitlines() if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])}
+
+
+def test_tables_come_from_the_runs(out):
+    build_report(out)
+    report = (out / "report.md").read_text()
+    good = main_rows(report)["good"]
+    bleu = [json.loads((out / "runs" / "good" / f"seed{s}" / "eval.json").read_text())["scores"]["bleu"]["score"] for s in (1, 2)]
+    mean, std = sum(bleu) / 2, abs(bleu[0] - bleu[1]) / 2 ** 0.5
+    assert good[1] == f"{mean:.1f} ± {std:.1f}"
+    assert good[7] == "0.350 ± 0.071"  # AER of seeds 1 and 2: 0.3, 0.4
+    assert good[9] == "43s"  # the mean of wall_s 42 and 44, as nmt-train's duration prints it
+    # The pooled paired test: both seeds' outputs end to end against the baseline's.
+    _, result = paired_bootstrap(OUTPUTS["base"][1] + OUTPUTS["base"][2], {"good": OUTPUTS["good"][1] + OUTPUTS["good"][2]}, REF * 2, 200, 12345)
+    r = result["good"]
+    assert good[2] == f"{r.delta:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]" and good[3] == f"{r.p_value:.3f}"
+    with open(out / "results.csv", newline="") as f:
+        rows = {row["variant"]: row for row in csv.DictReader(f)}
+    assert set(rows) == {"base", "good"} and float(rows["good"]["bleu_mean"]) == pytest.approx(mean)
+    assert float(rows["good"]["valid_ppl"]) == pytest.approx(5.0)  # train.log's ppl at step 4: 4.50 and 5.50
+    results = json.loads((out / "results.json").read_text())
+    assert results["variants"][1]["significance"]["p_value"] == r.p_value
+    assert [b["sentences"] for b in results["length_buckets"]] == [3, 3]  # 1-3 and 4-6 words
+
+
+def test_a_changed_run_file_changes_the_report(out):
+    build_report(out)
+    before = main_rows((out / "report.md").read_text())["good"][1]
+    path = out / "runs" / "good" / "seed1" / "eval.json"
+    evaluation = json.loads(path.read_text())
+    evaluation["scores"]["bleu"]["score"] += 10.0
+    path.write_text(json.dumps(evaluation))
+    build_report(out)
+    assert main_rows((out / "report.md").read_text())["good"][1] != before
+
+
+def test_an_unfinished_run_is_listed_and_left_out_of_the_means(out):
+    (out / "runs" / "good" / "seed2" / "eval.json").unlink()
+    build_report(out)
+    report = (out / "report.md").read_text()
+    assert "3 of 4 runs finished" in report and "not finished" in report
+    seed1 = json.loads((out / "runs" / "good" / "seed1" / "eval.json").read_text())["scores"]["bleu"]["score"]
+    assert main_rows(report)["good"][1] == f"{seed1:.1f}"
+
+
+def test_learning_curves_from_train_log(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(LOG.format(loss=1.0, ppl="2.72") + "resumed from x/checkpoints/last.pt at step 2\n" + LOG.split("\n", 3)[3].format(loss=0.5, ppl="1.65"))
+    curve = read_curve(log, final_step=4, final_seconds=31.0)
+    assert [p[0] for p in curve.valid] == [2, 4]  # step 4 repeated after the resume: the last line wins
+    assert curve.valid[1][2] == 0.5 and curve.valid[0][1] == 10.0 and curve.valid[1][1] == 31.0
+    assert [(s, t) for s, t, _ in curve.train] == [(2, 10.0), (4, 30.0)]
