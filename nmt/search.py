@@ -88,7 +88,7 @@ def _one_path(
         logits, state, attn = model.step(prev, enc, state)  # (B, V), state, (B, S)
         logp = log_probs(logits, t, min_len)
         prev = choose(logp)
-        out[active, t], attn_out[active, t] = prev, attn
+        out[active, t], attn_out[active, t] = prev, attn.float()
         scores[active] += logp.gather(1, prev[:, None]).squeeze(1)
         live = (prev != EOS) & (max_len[active] > t + 1)
         if not bool(live.all()):
@@ -149,6 +149,26 @@ def sample_search(
 
 # --- beam search -------------------------------------------------------------------------------
 
+BLOCKS = (64, 50, 40, 32)  # row_topk cuts a row into blocks of the first of these sizes that divides it
+
+
+def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.topk(k, dim=1) for a wide (R, V) x, reading it mostly through a fast max per block.
+
+    The k largest values of a row lie in the k blocks whose maxima are largest (a block outside them
+    has k larger maxima elsewhere, each at least as large as its every value), so one topk over those
+    k blocks finds them. Ties between equal values may pick other columns than torch.topk.
+    """
+    rows, width = x.shape
+    block = next((b for b in BLOCKS if width % b == 0 and width // b > k), None)
+    if block is None:
+        return x.topk(k, dim=1)
+    blocks = x.view(rows, width // block, block)
+    best = blocks.amax(2).topk(k, dim=1).indices  # (R, k) the blocks that hold the k largest
+    values, index = blocks.gather(1, best[:, :, None].expand(-1, -1, block)).view(rows, k * block).topk(k, dim=1)
+    return values, best.gather(1, index // block) * block + index % block
+
+
 
 class _Beams:
     """The live beams of the sentences still being searched, and the finished hypotheses of all.
@@ -185,7 +205,7 @@ class _Beams:
         # The best 2K of a sentence's width*V candidates are among each row's best 2K tokens (a row's
         # score shifts all its tokens alike), so the full (n*width, V) matrix is read once, by topk.
         cand = min(2 * k, vocab)
-        row_top, row_token = logp.topk(cand, dim=1)  # (n*width, 2K)
+        row_top, row_token = row_topk(logp, cand)  # (n*width, 2K)
         top, index = (self.scores.view(-1, 1) + row_top).view(n, width * cand).topk(min(2 * k, width * cand), dim=1)  # (n, 2K)
         first_row = torch.arange(n, device=logp.device)[:, None] * width  # (n, 1) each sentence's first row
         rows = index // cand + first_row  # (n, 2K) the row each candidate extends

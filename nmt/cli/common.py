@@ -11,12 +11,12 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from nmt.config import AverageConfig, Config, EvaluateConfig, TranslateConfig, register_configs, to_object
+from nmt.config import AverageConfig, Config, EvaluateConfig, ExportConfig, TranslateConfig, register_configs, to_object
 from nmt.errors import NmtError
 
 
 # The schema behind each top-level recipe, to list the valid keys when an override names an unknown one.
-SCHEMAS = {"config": Config, "translate": TranslateConfig, "evaluate": EvaluateConfig, "average": AverageConfig}
+SCHEMAS = {"config": Config, "translate": TranslateConfig, "evaluate": EvaluateConfig, "average": AverageConfig, "export": ExportConfig}
 
 
 def recipes_dir() -> Path:

@@ -85,7 +85,7 @@ class RNNEncoder(nn.Module):
         """Final states (L * directions, B, H / directions) -> initial decoder state (B, L, H)."""
         layers = self.rnn.num_layers
         final = final.view(layers, self.directions, final.size(1), -1).permute(2, 0, 1, 3).flatten(2)  # (B, L, H)
-        return torch.zeros_like(final) if bridge is None else torch.tanh(bridge(final))
+        return torch.zeros_like(final) if bridge is None else torch.tanh(bridge(final)).to(final.dtype)  # fp32 even with a bf16 bridge (decode.precision)
 
 
 class RNNDecoder(nn.Module):

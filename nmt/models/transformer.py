@@ -171,7 +171,7 @@ class DecoderLayer(nn.Module):
             k, v = self.self_attn.keys_values(h)  # (R, N, 1, D)
             k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
             new_cache.append((k, v))
-            return self.self_attn.attend(h, k, v)[0]
+            return self.self_attn.attend(h, k, v, need_weights=True)[0]  # a few queries per row: explicit products beat SDPA's kernel
 
         x = self.res_self(x, self_block)
         x, weights = self._cross_and_ffn(x, cross_kv, src_mask, need_weights)
@@ -184,7 +184,7 @@ class DecoderLayer(nn.Module):
         weights: list[torch.Tensor | None] = []
 
         def cross_block(h: torch.Tensor) -> torch.Tensor:
-            out, w = self.cross_attn.attend(by_sentence(h, src_mask.size(0)), *cross_kv, mask=src_mask, need_weights=need_weights)
+            out, w = self.cross_attn.attend(by_sentence(h, src_mask.size(0)), *cross_kv, mask=src_mask, need_weights=need_weights or not self.training and h.size(1) == 1)
             weights.append(w)
             return out.reshape(h.shape)
 
@@ -239,9 +239,8 @@ class TransformerDecoder(nn.Module):
         return prepared
 
     def init_state(self, enc: Enc) -> State:
-        """Empty self-attention caches "self_k{i}", "self_v{i}" (B, N, 0, D), one row per sentence."""
-        attn = self.layers[0].self_attn
-        empty = enc["memory"].new_zeros(enc["memory"].size(0), attn.heads, 0, attn.head_dim)
+        """Empty self-attention caches "self_k{i}", "self_v{i}" (B, N, 0, D) of the keys' dtype, one row per sentence (enc from `prepare`)."""
+        empty = enc["cross_k0"][:, :, :0]
         return {f"self_{kv}{i}": empty for i in range(len(self.layers)) for kv in "kv"}
 
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
