@@ -31,6 +31,7 @@ class Bf16Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
 
@@ -43,6 +44,7 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()  # (O, I)
         scale = weight.abs().amax(1).clamp_min(1e-12) / 127  # (O,)
         self.register_buffer("weight_t", (weight / scale[:, None]).round().to(torch.int8).t().contiguous())  # (I, O)
