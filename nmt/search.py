@@ -163,9 +163,11 @@ def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     block = next((b for b in BLOCKS if width % b == 0 and width // b > k), None)
     if block is None:
         return x.topk(k, dim=1)
-    blocks = x.view(rows, width // block, block)
-    best = blocks.amax(2).topk(k, dim=1).indices  # (R, k) the blocks that hold the k largest
-    values, index = blocks.gather(1, best[:, :, None].expand(-1, -1, block)).view(rows, k * block).topk(k, dim=1)
+    count = width // block
+    best = x.view(rows, count, block).amax(2).topk(k, dim=1).indices  # (R, k) the blocks that hold the k largest
+    first = torch.arange(rows, device=x.device)[:, None] * count
+    chosen = x.reshape(rows * count, block).index_select(0, (best + first).view(-1))  # (R*k, block)
+    values, index = chosen.view(rows, k * block).topk(k, dim=1)
     return values, best.gather(1, index // block) * block + index % block
 
 

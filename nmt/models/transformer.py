@@ -232,10 +232,13 @@ class TransformerDecoder(nn.Module):
         return self.teacher_forced(tgt_in, enc, range(len(self.layers)))[1]
 
     def prepare(self, enc: Enc) -> Enc:
-        """enc plus every layer's cross-attention keys and values "cross_k{i}", "cross_v{i}" (B, N, S, D), computed once."""
+        """enc plus every layer's cross-attention keys and values "cross_k{i}", "cross_v{i}" (B, N, S, D), computed once.
+
+        Stored contiguous, so the steps' products read them in place (a head-split view would be copied at every step).
+        """
         prepared = dict(enc)
         for i, (k, v) in enumerate(self._cross_kv(enc)):
-            prepared[f"cross_k{i}"], prepared[f"cross_v{i}"] = k, v
+            prepared[f"cross_k{i}"], prepared[f"cross_v{i}"] = k.contiguous(), v.contiguous()
         return prepared
 
     def init_state(self, enc: Enc) -> State:
