@@ -34,6 +34,9 @@ def sinusoidal_positions(length: int, dim: int, offset: int = 0) -> torch.Tensor
     return pe
 
 
+POSITIONS = 1024  # positions kept in a table; later ones are computed when asked (there is no length limit)
+
+
 class Embedding(nn.Module):
     """Token embedding scaled by sqrt(H), plus sinusoidal positions, then dropout."""
 
@@ -43,10 +46,15 @@ class Embedding(nn.Module):
         nn.init.normal_(self.tokens.weight, std=dim**-0.5)
         self.dim = dim
         self.dropout = nn.Dropout(dropout)
+        # the same values sinusoidal_positions gives for any slice (not saved: checkpoints are unchanged);
+        # a decoding step reads its row instead of computing it (a dozen small operations)
+        self.register_buffer("positions", sinusoidal_positions(POSITIONS, dim), persistent=False)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = self.tokens(tokens) * math.sqrt(self.dim)  # (B, T, H)
-        return self.dropout(x + sinusoidal_positions(tokens.size(1), self.dim, offset).to(x))
+        end = offset + tokens.size(1)
+        pe = self.positions[offset:end] if end <= self.positions.size(0) else sinusoidal_positions(tokens.size(1), self.dim, offset).to(x)
+        return self.dropout(x + pe)
 
 
 class MultiHeadAttention(nn.Module):
