@@ -87,3 +87,12 @@ def test_reduced_model_stays_close_to_fp32(precision):
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="precision=fp8: expected one of fp32, bf16, int8"):
         to_precision(tiny("transformer"), "fp8")
+
+
+def test_bf16_rows_are_padded_to_few_shapes():
+    from nmt.models.quantize import bucket
+
+    sizes = [bucket(rows) for rows in range(1, 5000)]
+    assert all(0 <= size - rows < max(8, rows / 4) for rows, size in zip(range(1, 5000), sizes))  # at most 7 rows or 25% more
+    assert len(set(sizes)) < 50  # oneDNN keeps memory per shape: thousands of row counts meet a few dozen shapes
+    assert bucket(64) == 64 and bucket(320) == 320 and bucket(65) == 80

@@ -1,7 +1,8 @@
 """Decoding in reduced precision (decode.precision): the model's linear layers in bf16 or int8.
 
-    bf16  y = x W^T + b with x, W, b in bfloat16 (AVX512-BF16 / AMX matrix products on recent x86 CPUs);
-          the output stays bf16, so the residual stream (fp32 + bf16 = fp32) and layer norms stay fp32.
+    bf16  y = x W^T + b with x, W, b rounded to bfloat16 (AVX512-BF16 / AMX matrix products on recent
+          x86 CPUs), the product accumulated in fp32 and returned as fp32, so everything between the
+          linear layers (attention, norms, the residual stream, the search) stays fp32.
     int8  y = (q(x) q(W)^T) * s_x * s_W + b, the product in int32 (torch._int_mm; VNNI on x86):
           q(W) = round(W / s_W), s_W = max|W_i| / 127, one scale per output unit (per channel);
           q(x) = round(x / s_x), s_x = max|x_r| / 127, one scale per row, computed at every call
@@ -26,17 +27,32 @@ from nmt.models.attention import Attention
 PRECISIONS = ("fp32", "bf16", "int8")
 
 
+def bucket(rows: int) -> int:
+    """rows rounded up to a multiple of 8, and above 32 to one of four sizes per octave (64, 80, 96, 112, 128, 160, ...)."""
+    step = max(8, 1 << max(rows.bit_length() - 3, 0))
+    return -(-rows // step) * step
+
+
 class Bf16Linear(nn.Module):
-    """A Linear whose weights and product are bfloat16; inputs are cast on the way in, the output stays bf16."""
+    """A Linear whose weights and product are bfloat16, between fp32 inputs and outputs.
+
+    oneDNN, which runs bf16 products on a CPU, keeps some memory for every shape it has seen (about
+    0.7 MB each here, not freed), and decoding meets a new row count at almost every batch and step; the
+    rows are padded up to a `bucket` so that few shapes ever occur.
+    """
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
+        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(torch.bfloat16), self.weight, self.bias)
+        rows = x.reshape(-1, x.size(-1)).to(torch.bfloat16)  # (R, I)
+        count = rows.size(0)
+        if bucket(count) != count:
+            rows = F.pad(rows, (0, 0, 0, bucket(count) - count))
+        return F.linear(rows, self.weight, self.bias)[:count].float().view(*x.shape[:-1], -1)
 
 
 class Int8Linear(nn.Module):
