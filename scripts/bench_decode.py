@@ -145,14 +145,20 @@ def ct2_worker(job: dict) -> dict:
     sp = spm.SentencePieceProcessor(model_file=str(folder / ("sentencepiece.model" if joint else "target.model")))
     translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=job["precision"], intra_threads=job["threads"])
     fixed = job["fixed_len"]
-    limits = dict(min_decoding_length=fixed, max_decoding_length=fixed) if fixed else dict(max_decoding_length=256)
 
     def decode(lines: list[str]) -> list[list[int]]:
-        results = translator.translate_batch(
-            [sp_src.encode(line, out_type=str) for line in lines], beam_size=job["beam"], max_batch_size=job["batch"],
-            suppress_sequences=[["<pad>"], ["<s>"]], **limits,
-        )
-        return [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+        """Shortest first in batches of job["batch"] as nmt does, each with nmt's length limit (1.5 * longest source + 10)."""
+        pieces = [sp_src.encode(line, out_type=str) for line in lines]
+        order = sorted(range(len(lines)), key=lambda i: len(pieces[i]))
+        outputs: list[list[int]] = [[] for _ in lines]
+        for start in range(0, len(order), job["batch"]):
+            batch = order[start : start + job["batch"]]
+            longest = max(len(pieces[i]) for i in batch)
+            limits = dict(min_decoding_length=fixed, max_decoding_length=fixed) if fixed else dict(max_decoding_length=int(1.5 * longest + 10), length_penalty=0.6)
+            results = translator.translate_batch([pieces[i] for i in batch], beam_size=job["beam"], suppress_sequences=[["<pad>"], ["<s>"]], **limits)
+            for i, r in zip(batch, results):
+                outputs[i] = [sp.piece_to_id(p) for p in r.hypotheses[0]]
+        return outputs
 
     result = timed(decode, job["lines"], job["runs"])
     result["text"] = [sp.decode(ids) for ids in result["outputs"]]
