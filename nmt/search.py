@@ -32,7 +32,8 @@ class Hypothesis:
     tokens: list[int]
     score: float
     norm_score: float
-    attention: torch.Tensor  # one row per output step (the EOS step included), one column per source token
+    attention: torch.Tensor  # one row per output step (the EOS step included), one column per source token; its own
+    # storage (not a view of the batch's padded tensor), so a chunk of results holds only what it needs
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -99,7 +100,7 @@ def _one_path(
             active, prev = active[keep], prev[keep]
             enc, state = reorder(enc, keep), reorder(state, keep)
     src_lens, lengths, out, scores, attn_out = src_mask.sum(1).tolist(), lengths.tolist(), out.tolist(), scores.tolist(), attn_out.cpu()
-    return [_hypothesis(out[b][: lengths[b]], scores[b], attn_out[b, : lengths[b], : src_lens[b]], alpha) for b in range(batch)]
+    return [_hypothesis(out[b][: lengths[b]], scores[b], attn_out[b, : lengths[b], : src_lens[b]].clone(), alpha) for b in range(batch)]
 
 
 def greedy_search(
@@ -271,7 +272,7 @@ class _Beams:
         hyps: list[list[Hypothesis]] = [[] for _ in self.src_lens]
         for j, i in enumerate(keep):
             s = sents[i]
-            hyps[s].append(_hypothesis(tokens[j][: steps[i]], scores[i], attention[j, : steps[i], : self.src_lens[s]], self.alpha))
+            hyps[s].append(_hypothesis(tokens[j][: steps[i]], scores[i], attention[j, : steps[i], : self.src_lens[s]].clone(), self.alpha))
         return hyps
 
 
