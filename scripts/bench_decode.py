@@ -46,6 +46,11 @@ ARCHS = ("transformer", "bahdanau", "luong")
 # --- the worker: one model, one setting, in its own process -------------------------------------
 
 
+def peak_mib() -> float:
+    """The largest resident set size this process has had (its high-water mark), in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def rss_mib() -> float:
     """Resident set size of this process now (Linux /proc), in MiB."""
     with open("/proc/self/statm") as f:
@@ -119,6 +124,7 @@ def nmt_worker(job: dict) -> dict:
         return [r.hyps[0].tokens if r.hyps else [] for r in translator.translate_lines(lines)]
 
     result = timed(decode, job["lines"], job["runs"])
+    result["peak_mib"] = peak_mib()  # before the extra runs below (the profiler's own memory would count)
     result["text"] = tokenizer.decode_tgt(result["outputs"])
     if job.get("unbatched"):
         subset = job["lines"][: job["unbatched"]]
@@ -171,7 +177,7 @@ def worker(job_file: str) -> None:
 
     torch.set_num_threads(job["threads"])
     result = ct2_worker(job) if job["engine"] == "ct2" else nmt_worker(job)
-    result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result.setdefault("peak_mib", peak_mib())
     Path(job["out"]).write_text(json.dumps(result))
 
 
