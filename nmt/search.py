@@ -172,7 +172,6 @@ def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, best.gather(1, index // block) * block + index % block
 
 
-
 class _Beams:
     """The live beams of the sentences still being searched, and the finished hypotheses of all.
 
@@ -206,7 +205,7 @@ class _Beams:
         """
         (n, width), k, vocab = self.scores.shape, self.k, logp.size(1)
         # The best 2K of a sentence's width*V candidates are among each row's best 2K tokens (a row's
-        # score shifts all its tokens alike), so the full (n*width, V) matrix is read once, by topk.
+        # score shifts all its tokens alike), so the full (n*width, V) matrix is read once, by row_topk.
         cand = min(2 * k, vocab)
         row_top, row_token = row_topk(logp, cand)  # (n*width, 2K)
         top, index = (self.scores.view(-1, 1) + row_top).view(n, width * cand).topk(min(2 * k, width * cand), dim=1)  # (n, 2K)

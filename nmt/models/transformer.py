@@ -182,18 +182,21 @@ class DecoderLayer(nn.Module):
             return self.self_attn.attend(h, k, v, need_weights=True)[0]  # a few queries per row: explicit products beat SDPA's kernel
 
         x = self.res_self(x, self_block)
-        x, weights = self._cross_and_ffn(x, cross_kv, src_mask, need_weights)
+        x, weights = self._cross_and_ffn(x, cross_kv, src_mask, need_weights, explicit=True)
         return x, new_cache[0], weights
 
     def _cross_and_ffn(
-        self, x: torch.Tensor, cross_kv: tuple[torch.Tensor, torch.Tensor], src_mask: torch.Tensor, need_weights: bool
+        self, x: torch.Tensor, cross_kv: tuple[torch.Tensor, torch.Tensor], src_mask: torch.Tensor, need_weights: bool, explicit: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Cross-attention then the feed-forward sub-layer; x (R, T, H), a sentence's R // B rows query its keys together."""
+        """Cross-attention then the feed-forward sub-layer; x (R, T, H), a sentence's R // B rows query its keys together.
+
+        explicit: attention as explicit products even without weights asked (faster than SDPA for a step's few queries).
+        """
         weights: list[torch.Tensor | None] = []
 
         def cross_block(h: torch.Tensor) -> torch.Tensor:
-            out, w = self.cross_attn.attend(by_sentence(h, src_mask.size(0)), *cross_kv, mask=src_mask, need_weights=need_weights or not self.training and h.size(1) == 1)
-            weights.append(w)
+            out, w = self.cross_attn.attend(by_sentence(h, src_mask.size(0)), *cross_kv, mask=src_mask, need_weights=need_weights or explicit)
+            weights.append(w if need_weights else None)
             return out.reshape(h.shape)
 
         x = self.res_cross(x, cross_block)
