@@ -190,6 +190,7 @@ class DecodeConfig:
     max_src_len: int = key(1024, at_least(1))  # longer sources are cut to this many subword tokens, with a warning
     batch_size: int = key(64, at_least(1))  # sentences per batch
     batch_tokens: int = key(32768, at_least(1))  # and at most this many beam rows x padded source tokens per batch
+    precision: str = key("fp32", one_of("fp32", "bf16", "int8"))  # nmt-translate/nmt-evaluate: linear layers in bf16 or int8 (nmt/models/quantize.py); validation stays fp32
 
     def __post_init__(self) -> None:
         check_fields(self, "decode.")
@@ -223,7 +224,8 @@ class TranslateConfig:
     plot_n: int = key(10, at_least(0))
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = key("auto", DEVICE)
-    progress: bool = True
+    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default, one per core)
+    progress: bool = True  # a bar over the input file's lines on stderr (when stderr is a terminal)
 
     def __post_init__(self) -> None:
         check_fields(self, "")
@@ -241,6 +243,7 @@ class EvaluateConfig:
     hyp_out: Optional[str] = None
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = key("auto", DEVICE)
+    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -337,6 +340,20 @@ class CompareConfig:
         return self.baseline if self.baseline in self.selected() else self.selected()[0]
 
 
+@dataclass
+class ExportConfig:
+    """nmt-export: a trained Transformer converted for an inference engine."""
+
+    checkpoint: str = MISSING  # a checkpoint file or a run dir (its best checkpoint)
+    format: str = key("ctranslate2", one_of("ctranslate2"))
+    out: str = MISSING  # the model directory to write (must not exist yet, or be empty)
+    quantization: Optional[str] = key(None, one_of("int8", "int8_float32", "int16", "float16", "bfloat16"))  # weights as stored (None: float32)
+    max_positions: int = key(2048, at_least(1))  # position table size: the longest source or output (subword tokens) the exported model takes
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (the recipes' `defaults` name them)."""
     from hydra.core.config_store import ConfigStore
@@ -348,6 +365,7 @@ def register_configs() -> None:
     store.store(name="base_average", node=AverageConfig)
     store.store(name="base_serve", node=ServeConfig)
     store.store(name="base_compare", node=CompareConfig)
+    store.store(name="base_export", node=ExportConfig)
 
 
 def to_object(cfg: DictConfig):

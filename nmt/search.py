@@ -32,7 +32,8 @@ class Hypothesis:
     tokens: list[int]
     score: float
     norm_score: float
-    attention: torch.Tensor  # one row per output step (the EOS step included), one column per source token
+    attention: torch.Tensor  # one row per output step (the EOS step included), one column per source token; its own
+    # storage (not a view of the batch's padded tensor), so a chunk of results holds only what it needs
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -70,7 +71,7 @@ def _hypothesis(tokens: list[int], score: float, attention: torch.Tensor, alpha:
 Chooser = Callable[[torch.Tensor], torch.Tensor]  # log-probs (B, V) -> next tokens (B,)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def _one_path(
     model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max_len: torch.Tensor, choose: Chooser, min_len: int, alpha: float
 ) -> list[Hypothesis]:
@@ -88,7 +89,7 @@ def _one_path(
         logits, state, attn = model.step(prev, enc, state)  # (B, V), state, (B, S)
         logp = log_probs(logits, t, min_len)
         prev = choose(logp)
-        out[active, t], attn_out[active, t] = prev, attn
+        out[active, t], attn_out[active, t] = prev, attn.float()
         scores[active] += logp.gather(1, prev[:, None]).squeeze(1)
         live = (prev != EOS) & (max_len[active] > t + 1)
         if not bool(live.all()):
@@ -99,7 +100,7 @@ def _one_path(
             active, prev = active[keep], prev[keep]
             enc, state = reorder(enc, keep), reorder(state, keep)
     src_lens, lengths, out, scores, attn_out = src_mask.sum(1).tolist(), lengths.tolist(), out.tolist(), scores.tolist(), attn_out.cpu()
-    return [_hypothesis(out[b][: lengths[b]], scores[b], attn_out[b, : lengths[b], : src_lens[b]], alpha) for b in range(batch)]
+    return [_hypothesis(out[b][: lengths[b]], scores[b], attn_out[b, : lengths[b], : src_lens[b]].clone(), alpha) for b in range(batch)]
 
 
 def greedy_search(
@@ -149,12 +150,35 @@ def sample_search(
 
 # --- beam search -------------------------------------------------------------------------------
 
+BLOCKS = (64, 50, 40, 32)  # row_topk cuts a row into blocks of the first of these sizes that divides it
+
+
+def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.topk(k, dim=1) for a wide (R, V) x, reading it mostly through a fast max per block.
+
+    The k largest values of a row lie in the k blocks whose maxima are largest (a block outside them
+    has k larger maxima elsewhere, each at least as large as its every value), so one topk over those
+    k blocks finds them. Ties between equal values may pick other columns than torch.topk.
+    """
+    rows, width = x.shape
+    block = next((b for b in BLOCKS if width % b == 0 and width // b > k), None)
+    if block is None:
+        return x.topk(k, dim=1)
+    count = width // block
+    best = x.view(rows, count, block).amax(2).topk(k, dim=1).indices  # (R, k) the blocks that hold the k largest
+    first = torch.arange(rows, device=x.device)[:, None] * count
+    chosen = x.reshape(rows * count, block).index_select(0, (best + first).view(-1))  # (R*k, block)
+    values, index = chosen.view(rows, k * block).topk(k, dim=1)
+    return values, best.gather(1, index // block) * block + index % block
+
 
 class _Beams:
     """The live beams of the sentences still being searched, and the finished hypotheses of all.
 
     Rows of the model's state are sentence-major: row i * width + j is beam j of live sentence i. The
     first step runs on one row per sentence (its K beams would all be the same); its reorder tiles them.
+    No history is copied per step: each step keeps its tokens, its attention and, per row, the row of
+    the step before that it extends (a back-pointer); finished hypotheses are traced back once, in `best`.
     """
 
     def __init__(self, src_mask: torch.Tensor, max_len: torch.Tensor, k: int, alpha: float):
@@ -164,10 +188,11 @@ class _Beams:
         self.max_len = max_len  # (n,)
         self.n_done = torch.zeros(batch, dtype=torch.long, device=device)  # (n,) finished hypotheses
         self.scores = torch.zeros(batch, 1, device=device)  # (n, width) summed log-probs; width 1, then K
-        self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=device)  # (n*width, T)
-        self.attn = torch.zeros(batch, 0, src_mask.size(1), device=device)  # (n*width, T, S)
         self.src_lens = src_mask.sum(1).tolist()
-        self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+        self.attn: list[torch.Tensor] = []  # per step t: (rows_t, S) the attention of step t's rows
+        self.back: list[torch.Tensor] = []  # per step t: (rows_t+1,) the row of step t each next row extends
+        self.token: list[torch.Tensor] = []  # per step t: (rows_t+1,) the token each next row added at step t
+        self.finished: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (t, rows_t, tokens, scores, sentences)
 
     def advance(self, logp: torch.Tensor, attn: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Extend every beam by step t's log-probs (n*width, V) and attention (n*width, S).
@@ -175,47 +200,82 @@ class _Beams:
         Takes the top 2K of the (n, width*V) candidates: those ending in EOS among the top K are finished
         (all of the top K at the length limit), and the best K that do not end in EOS live on. A sentence
         is done once it holds K finished hypotheses or reaches its length limit.
-        Returns the state rows to keep (n'*K,), the encoder rows when they change (else None), and the
-        next input tokens (n'*K,).
+        Returns the state rows to keep (n'*K,), the live sentences' rows of the encoder output when
+        some sentences are done (else None), and the next input tokens (n'*K,).
         """
         (n, width), k, vocab = self.scores.shape, self.k, logp.size(1)
-        top, index = (self.scores.view(-1, 1) + logp).view(n, width * vocab).topk(min(2 * k, width * vocab), dim=1)  # (n, 2K)
+        # The best 2K of a sentence's width*V candidates are among each row's best 2K tokens (a row's
+        # score shifts all its tokens alike), so the full (n*width, V) matrix is read once, by row_topk.
+        cand = min(2 * k, vocab)
+        row_top, row_token = row_topk(logp, cand)  # (n*width, 2K)
+        top, index = (self.scores.view(-1, 1) + row_top).view(n, width * cand).topk(min(2 * k, width * cand), dim=1)  # (n, 2K)
         first_row = torch.arange(n, device=logp.device)[:, None] * width  # (n, 1) each sentence's first row
-        rows, token = index // vocab + first_row, index % vocab  # (n, 2K) the row each candidate extends, its token
+        rows = index // cand + first_row  # (n, 2K) the row each candidate extends
+        token = row_token.view(n, width * cand).gather(1, index)  # (n, 2K)
         eos = token == EOS
         final = (eos | (self.max_len == t + 1)[:, None]) & top.isfinite()
         final[:, k:] = False
-        self._finish(final, rows, token, top, attn)
-        self.n_done += final.sum(1)
+        self.attn.append(attn)
+        self._finish(t, final, rows, token, top)
         live = (self.n_done < k) & (self.max_len > t + 1)  # (n,)
         pick = eos.to(torch.uint8).argsort(dim=1, stable=True)[:, :k]  # first K candidates without EOS (one EOS per beam at most)
         rows, token, self.scores = (x.gather(1, pick)[live] for x in (rows, token, top))
         enc_rows = None
-        if width != k or not bool(live.all()):
-            enc_rows = first_row[live].repeat_interleave(k)  # (n'*K,) all rows of a sentence hold the same encoding
+        if not bool(live.all()):
+            enc_rows = live.nonzero().squeeze(1)  # (n',) the live sentences' rows of the encoder output
             self.sent, self.max_len, self.n_done = self.sent[live], self.max_len[live], self.n_done[live]
         rows, token = rows.reshape(-1), token.reshape(-1)
-        self.tokens = torch.cat([self.tokens.index_select(0, rows), token[:, None]], 1)
-        self.attn = torch.cat([self.attn.index_select(0, rows), attn.index_select(0, rows)[:, None]], 1)
+        self.back.append(rows)
+        self.token.append(token)
         return rows, enc_rows, token
 
-    def _finish(self, final: torch.Tensor, rows: torch.Tensor, token: torch.Tensor, top: torch.Tensor, attn: torch.Tensor) -> None:
-        """Store the candidates marked in `final` (n, 2K) as finished hypotheses of their sentences."""
+    def _finish(self, t: int, final: torch.Tensor, rows: torch.Tensor, token: torch.Tensor, top: torch.Tensor) -> None:
+        """Record the candidates marked in `final` (n, 2K) as finished hypotheses of their sentences."""
+        self.n_done += final.sum(1)
         which, col = final.nonzero(as_tuple=True)
-        if which.numel() == 0:
-            return
-        rows_f = rows[which, col]
-        tokens = torch.cat([self.tokens.index_select(0, rows_f), token[which, col][:, None]], 1).tolist()
-        attention = torch.cat([self.attn.index_select(0, rows_f), attn.index_select(0, rows_f)[:, None]], 1).cpu()
-        for i, (sent, score) in enumerate(zip(self.sent[which].tolist(), top[which, col].tolist())):
-            self.finished[sent].append(_hypothesis(tokens[i], score, attention[i, :, : self.src_lens[sent]], self.alpha))
+        if which.numel():
+            self.finished.append((t, rows[which, col], token[which, col], top[which, col], self.sent[which]))
+
+    def _trace(self, t_end: torch.Tensor, row: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens (F, T) and attention (F, T, S) of F hypotheses ending at step t_end (F,) in row (F,) with token last (F,)."""
+        steps = int(t_end.max()) + 1
+        tokens = torch.full((row.size(0), steps), EOS, dtype=torch.long, device=row.device)
+        attention = row.new_zeros(row.size(0), steps, self.attn[0].size(1), dtype=self.attn[0].dtype)
+        row = row.clone()
+        for t in range(steps - 1, -1, -1):
+            older = (t_end > t).nonzero().squeeze(1)  # ended later: row is a row of step t + 1
+            tokens[older, t] = self.token[t][row[older]]
+            row[older] = self.back[t][row[older]]
+            here = (t_end == t).nonzero().squeeze(1)
+            tokens[here, t] = last[here]
+            alive = (t_end >= t).nonzero().squeeze(1)
+            attention[alive, t] = self.attn[t][row[alive]]
+        return tokens, attention
 
     def best(self, nbest: int) -> list[list[Hypothesis]]:
-        """Each sentence's nbest finished hypotheses, best normalised score first."""
-        return [sorted(hyps, key=lambda h: -h.norm_score)[:nbest] for hyps in self.finished]
+        """Each sentence's nbest finished hypotheses, best normalised score first (ties: the first finished first)."""
+        if not self.finished:
+            return [[] for _ in self.src_lens]
+        t_end = torch.cat([torch.full_like(f[1], f[0]) for f in self.finished])
+        row, last, score, sent = (torch.cat([f[i] for f in self.finished]) for i in range(1, 5))
+        scores, steps, sents = score.tolist(), (t_end + 1).tolist(), sent.tolist()
+        norms = [s / length_penalty(n, self.alpha) for s, n in zip(scores, steps)]
+        ranked: list[list[int]] = [[] for _ in self.src_lens]
+        for i in sorted(range(len(norms)), key=lambda i: -norms[i]):  # stable: ties stay in finishing order
+            if len(ranked[sents[i]]) < nbest:
+                ranked[sents[i]].append(i)
+        keep = [i for r in ranked for i in r]
+        index = torch.tensor(keep, dtype=torch.long, device=row.device)
+        tokens, attention = self._trace(t_end[index], row[index], last[index])
+        tokens, attention = tokens.tolist(), attention.float().cpu()
+        hyps: list[list[Hypothesis]] = [[] for _ in self.src_lens]
+        for j, i in enumerate(keep):
+            s = sents[i]
+            hyps[s].append(_hypothesis(tokens[j][: steps[i]], scores[i], attention[j, : steps[i], : self.src_lens[s]].clone(), self.alpha))
+        return hyps
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     model: Seq2Seq,
     src: torch.Tensor,
@@ -228,10 +288,11 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search of width k for every sentence of the batch at once; nbest (<= k) hypotheses each.
 
-    The first step runs on one row per sentence; its reorder tiles the encoder output and the decoder
-    state k times (rows b*k .. b*k+k-1 are sentence b). After each step the state is reordered once,
-    one index_select per tensor, to follow the surviving beams; sentences that are done leave the
-    batch. beam_search(k=1) equals greedy_search.
+    The encoder output stays one row per sentence; the decoder state has one row per hypothesis,
+    sentence-major (rows b*k .. b*k+k-1 are sentence b's beams; the first step's single row per
+    sentence is tiled by its reorder). After each step the state is reordered once, one index_select
+    per tensor, to follow the surviving beams; sentences that are done leave the batch and the
+    encoder output. beam_search(k=1) equals greedy_search.
     """
     enc = model.encode(src, src_mask)
     state = model.init_state(enc)

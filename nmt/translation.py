@@ -35,7 +35,8 @@ def decode_settings(decode: DecodeConfig) -> str:
         search = f"sampling temperature={decode.temperature} top_k={decode.top_k} top_p={decode.top_p} seed={decode.seed}"
     else:
         search = f"beam={decode.beam} alpha={decode.alpha}"
-    return f"{search} max_len={decode.max_len_a}*src+{decode.max_len_b}" + (f" min_len={decode.min_len}" if decode.min_len else "")
+    settings = f"{search} max_len={decode.max_len_a}*src+{decode.max_len_b}" + (f" min_len={decode.min_len}" if decode.min_len else "")
+    return settings + (f" precision={decode.precision}" if decode.precision != "fp32" else "")
 
 
 def check_beam(decode: DecodeConfig, vocab_size: int) -> None:

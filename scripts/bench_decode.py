@@ -1,49 +1,54 @@
-"""Decoding speed: sentences/s and output tokens/s for greedy and beam 5 at several batch sizes.
+"""Decoding speed: sentences/s and output tokens/s, fp32 / bf16 / int8, greedy and beam 5, against a baseline.
 
-    OMP_NUM_THREADS=1 python scripts/bench_decode.py                       # untrained models, fixed output length
-    OMP_NUM_THREADS=1 python scripts/bench_decode.py --checkpoint runs/m30k # a trained model, its own lengths
+    python scripts/bench_decode.py --threads 2                                   # untrained models, fixed output length
+    python scripts/bench_decode.py --threads 2 --checkpoint runs/m30k_tf runs/m30k_bahdanau   # trained models: own lengths, BLEU
+    python scripts/bench_decode.py --threads 2 --baseline b3c1183 --ct2          # also a commit's search and CTranslate2
 
 Source: Multi30k test_2016_flickr (English, 1,000 sentences) from --data (default ../shared/data/multi30k).
-Models: a Transformer (3+3 layers, d256, 4 heads, FFN 1024) and, when the arch exists in BUILDERS, a
-1-layer GRU Bahdanau model (d256); or the model of --checkpoint.
+Models: without --checkpoint, untrained models of the recipes' shapes (recipes/model/{transformer,bahdanau,
+luong}.yaml: a 3+3-layer d256 Transformer, a 1-layer GRU Bahdanau model, a 2-layer LSTM Luong model, all
+d256) over a joint SentencePiece vocabulary of 8,000 trained on Multi30k train. An untrained model's outputs
+end at random, so each output is held at exactly --fixed-len tokens (min length = max length; default: the
+mean length of the German references in subword tokens), the work a trained model's outputs of that length
+need. With --checkpoint, trained models decode with their own lengths (beam 5 with alpha 0.6) and BLEU
+against the references is printed for each precision.
 
-An untrained model's outputs end at random, so without --checkpoint every output is made exactly
---fixed-len tokens long (decode.min_len = max length = fixed-len; default: the mean length of the German
-references in subword tokens), which makes greedy and beam do the work a trained model's outputs of
-that length need. The tokenizer is then a joint SentencePiece model trained on Multi30k train (vocab 8000).
-
-Each figure is the median of --runs timed runs after one warm-up. Peak memory is the largest resident set
-size seen while decoding (sampled every 5 ms), and its rise over the size before. Beam 5 one sentence at a
-time (batch 1) runs on the first --unbatched sentences; the script checks that batched beam 5 gives the
-same outputs for them and prints the batched / unbatched speed ratio.
+Every measurement runs in a fresh process (`--worker`) that loads the model, decodes a few sentences to warm
+up, then times --runs runs over all sentences: the figures are the median wall-clock time, the CPU time of
+the process per sentence (steadier than the wall clock on a shared machine), and the peak resident set size
+(the process's high-water mark, and its rise while decoding, sampled every 5 ms). With --baseline REV the same
+worker first runs the search of commit REV (its nmt/ extracted with `git archive`, fp32 only), and the table
+gives each row's speed over the baseline's (wall clock) and how many outputs equal this code's fp32 ones. With --ct2 the
+Transformer is exported with nmt-export and timed in CTranslate2 (pip install ctranslate2) with the same
+batch size, beam, threads and output length. --unbatched N also decodes the first N sentences one at a
+time with beam 5 and checks that the batched outputs equal them. --profile prints torch.profiler's top
+operators for beam 5 of each model.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+ARCHS = ("transformer", "bahdanau", "luong")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nmt.config import DecodeConfig, ModelConfig  # noqa: E402
-from nmt.data.corpus import read_lines  # noqa: E402
-from nmt.data.tokenizer import Tokenizer  # noqa: E402
-from nmt.errors import NmtError  # noqa: E402
-from nmt.models.seq2seq import BUILDERS, build_model  # noqa: E402
-from nmt.translation import Translator  # noqa: E402
+# --- the worker: one model, one setting, in its own process -------------------------------------
 
-MODELS = {
-    "transformer": dict(arch="transformer", dim=256, layers=3, heads=4, ffn_dim=1024, dropout=0.0),
-    "bahdanau": dict(arch="bahdanau", dim=256, layers=1, dropout=0.0, cell="gru"),
-}
+
+def peak_mib() -> float:
+    """The largest resident set size this process has had (its high-water mark), in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def rss_mib() -> float:
@@ -72,112 +77,252 @@ class PeakMemory:
         self.peak = max(self.peak, rss_mib())
 
 
-def model_config(name: str) -> ModelConfig:
-    """A ModelConfig from MODELS[name], keeping only the keys this ModelConfig has."""
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    return ModelConfig(**{k: v for k, v in MODELS[name].items() if k in known})
-
-
-def time_decoding(translator: Translator, lines: list[str], runs: int) -> dict:
-    """Median seconds over `runs` (after a warm-up on a few lines), sentences/s, output tokens/s, peak memory."""
-    translator.translate_lines(lines[:8])
-    times, peaks = [], []
+def timed(decode, lines: list[str], runs: int) -> dict:
+    """Median wall and CPU seconds of `runs` calls of decode(lines) after a warm-up, peak memory, the last outputs."""
+    decode(lines[:8])
+    walls, cpus, rises = [], [], []
     for _ in range(runs):
         with PeakMemory() as memory:
-            start = time.perf_counter()
-            results = translator.translate_lines(lines)
-            times.append(time.perf_counter() - start)
-        peaks.append((memory.peak, memory.peak - memory.before))
-    seconds = statistics.median(times)
-    tokens = sum(len(r.hyps[0].tokens) for r in results if r.hyps)
-    return {
-        "seconds": seconds,
-        "sent_s": len(lines) / seconds,
-        "tok_s": tokens / seconds,
-        "peak_mib": max(p[0] for p in peaks),
-        "rise_mib": max(p[1] for p in peaks),
-        "outputs": [r.hyps[0].tokens for r in results],
-    }
+            wall, cpu = time.perf_counter(), time.process_time()
+            outputs = decode(lines)
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+        rises.append(memory.peak - memory.before)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "rise_mib": max(rises), "outputs": outputs}
 
 
-def decode_config(args, beam: int, batch_size: int, fixed_len: int | None) -> DecodeConfig:
-    if fixed_len is None:
-        return DecodeConfig(beam=beam, alpha=0.6 if beam > 1 else 0.0, batch_size=batch_size)
-    return DecodeConfig(beam=beam, batch_size=batch_size, max_len_a=0.0, max_len_b=fixed_len, min_len=fixed_len)
+def nmt_worker(job: dict) -> dict:
+    """Decode with the nmt package found first on sys.path (this tree or a baseline's)."""
+    import torch
+    from omegaconf import OmegaConf
 
+    from nmt.config import DecodeConfig, ModelConfig
+    from nmt.data.tokenizer import Tokenizer
+    from nmt.models.seq2seq import build_model
+    from nmt.training.checkpoint import load_checkpoint
+    from nmt.translation import Translator
 
-def bench_model(name: str, model, tokenizer, lines: list[str], args, fixed_len: int | None) -> None:
+    # only the model section of the saved config, so that a baseline whose other schemas differ loads it too
+    payload = load_checkpoint(job["checkpoint"])
+    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.create(payload["config"]).model))
+    tokenizer = Tokenizer.from_state(payload["tokenizer"])
+    model = build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
+    model.load_state_dict(payload["model"])
     model.eval()
-    params = sum(p.numel() for p in model.parameters())
-    print(f"\n== {name}: {params / 1e6:.1f}M parameters, vocab {tokenizer.tgt_vocab_size}, {len(lines)} sentences ==")
-    print(f"{'search':<8} {'batch':>5} {'sent/s':>8} {'tok/s':>8} {'median s':>9} {'peak MiB':>9} {'rise MiB':>9}")
-    results = {}
-    for beam in (1, 5):
-        for batch_size in args.batch_sizes:
-            translator = Translator(model, tokenizer, decode_config(args, beam, batch_size, fixed_len), torch.device("cpu"))
-            r = time_decoding(translator, lines, args.runs)
-            results[beam, batch_size] = r
-            label = "greedy" if beam == 1 else f"beam {beam}"
-            print(f"{label:<8} {batch_size:>5} {r['sent_s']:>8.1f} {r['tok_s']:>8.0f} {r['seconds']:>9.2f} {r['peak_mib']:>9.0f} {r['rise_mib']:>9.0f}", flush=True)
-    subset = lines[: args.unbatched]
-    alone = time_decoding(Translator(model, tokenizer, decode_config(args, 5, 1, fixed_len), torch.device("cpu")), subset, args.runs)
-    batched = Translator(model, tokenizer, decode_config(args, 5, max(args.batch_sizes), fixed_len), torch.device("cpu"))
-    same = [r.hyps[0].tokens for r in batched.translate_lines(subset)] == alone["outputs"]
-    best = max((r["sent_s"], b) for (beam, b), r in results.items() if beam == 5)
-    print(
-        f"beam 5 one sentence at a time ({len(subset)} sentences): {alone['sent_s']:.1f} sent/s, {alone['tok_s']:.0f} tok/s; "
-        f"batched (batch {best[1]}) / unbatched = {best[0] / alone['sent_s']:.1f}x; "
-        f"batched outputs {'equal' if same else 'DIFFER FROM'} the unbatched ones"
-    )
+    if job["precision"] != "fp32":
+        from nmt.models.quantize import to_precision
+
+        model = to_precision(model, job["precision"])
+    fixed, beam = job["fixed_len"], job["beam"]
+    settings = dict(beam=beam, batch_size=job["batch"])
+    settings.update(dict(max_len_a=0.0, max_len_b=fixed, min_len=fixed) if fixed else dict(alpha=0.6 if beam > 1 else 0.0))
+    if job["precision"] != "fp32":
+        settings["precision"] = job["precision"]
+    translator = Translator(model, tokenizer, DecodeConfig(**settings), torch.device("cpu"))
+
+    def decode(lines: list[str]) -> list[list[int]]:
+        return [r.hyps[0].tokens if r.hyps else [] for r in translator.translate_lines(lines)]
+
+    result = timed(decode, job["lines"], job["runs"])
+    result["peak_mib"] = peak_mib()  # before the extra runs below (the profiler's own memory would count)
+    result["text"] = tokenizer.decode_tgt(result["outputs"])
+    if job.get("unbatched"):
+        subset = job["lines"][: job["unbatched"]]
+        alone = Translator(model, tokenizer, DecodeConfig(**{**settings, "batch_size": 1}), torch.device("cpu"))
+        one = timed(lambda lines: [r.hyps[0].tokens for r in alone.translate_lines(lines)], subset, 1)
+        result["unbatched"] = {"sentences": len(subset), "wall_s": one["wall_s"], "same": one["outputs"] == result["outputs"][: len(subset)]}
+    if job.get("profile"):
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            decode(job["lines"][:256])
+        result["profile"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    return result
 
 
-def untrained(args) -> tuple[Tokenizer, int, list[tuple[str, torch.nn.Module]]]:
-    """A SentencePiece model on Multi30k train, the fixed output length, and untrained models."""
+def ct2_worker(job: dict) -> dict:
+    """Decode with CTranslate2 from the model directory nmt-export wrote."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    folder = Path(job["ct2_dir"])
+    joint = (folder / "sentencepiece.model").is_file()
+    sp_src = spm.SentencePieceProcessor(model_file=str(folder / ("sentencepiece.model" if joint else "source.model")))
+    sp = spm.SentencePieceProcessor(model_file=str(folder / ("sentencepiece.model" if joint else "target.model")))
+    translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=job["precision"], intra_threads=job["threads"])
+    fixed = job["fixed_len"]
+
+    def decode(lines: list[str]) -> list[list[int]]:
+        """Shortest first in batches of job["batch"] as nmt does, each with nmt's length limit (1.5 * longest source + 10)."""
+        pieces = [sp_src.encode(line, out_type=str) for line in lines]
+        order = sorted(range(len(lines)), key=lambda i: len(pieces[i]))
+        outputs: list[list[int]] = [[] for _ in lines]
+        for start in range(0, len(order), job["batch"]):
+            batch = order[start : start + job["batch"]]
+            longest = max(len(pieces[i]) for i in batch)
+            limits = dict(min_decoding_length=fixed, max_decoding_length=fixed) if fixed else dict(max_decoding_length=int(1.5 * longest + 10), length_penalty=0.6)
+            results = translator.translate_batch([pieces[i] for i in batch], beam_size=job["beam"], suppress_sequences=[["<pad>"], ["<s>"]], **limits)
+            for i, r in zip(batch, results):
+                outputs[i] = [sp.piece_to_id(p) for p in r.hypotheses[0]]
+        return outputs
+
+    result = timed(decode, job["lines"], job["runs"])
+    result["text"] = [sp.decode(ids) for ids in result["outputs"]]
+    return result
+
+
+def worker(job_file: str) -> None:
+    job = json.loads(Path(job_file).read_text())
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    result = ct2_worker(job) if job["engine"] == "ct2" else nmt_worker(job)
+    result.setdefault("peak_mib", peak_mib())
+    Path(job["out"]).write_text(json.dumps(result))
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+
+def run_job(job: dict, tree: Path, work: Path) -> dict:
+    """Run one worker process with `tree`'s nmt first on its path; its result dict."""
+    job_file, out = work / "job.json", work / "result.json"
+    job = {**job, "out": str(out)}
+    job_file.write_text(json.dumps(job))
+    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, __file__, "--worker", str(job_file)], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"worker failed ({job['engine']}, {job.get('precision')}):\n{done.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def untrained_checkpoints(args, work: Path) -> tuple[list[tuple[str, Path]], int]:
+    """Untrained models of the recipes' shapes saved as checkpoints (so every worker loads the same weights), and the fixed length."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from nmt.config import Config, DataConfig, ModelConfig
+    from nmt.data.corpus import read_lines
+    from nmt.data.tokenizer import Tokenizer
+    from nmt.models.seq2seq import build_model
+    from nmt.training.checkpoint import save_checkpoint
+
     start = time.perf_counter()
-    src, tgt = read_lines(args.data / "train.en.gz"), read_lines(args.data / "train.de.gz")
-    tokenizer = Tokenizer.train(src, tgt, args.vocab_size, "unigram", joint=True)
+    tokenizer = Tokenizer.train(read_lines(args.data / "train.en.gz"), read_lines(args.data / "train.de.gz"), args.vocab_size, "unigram", joint=True)
     refs = tokenizer.encode_tgt(read_lines(args.data / "test_2016_flickr.de.gz"))
     fixed_len = args.fixed_len or round(statistics.mean(len(r) for r in refs))
-    print(f"tokenizer trained in {time.perf_counter() - start:.0f}s; outputs fixed at {fixed_len} tokens (untrained models)")
-    models = []
-    for name in args.archs:
-        if name not in BUILDERS:
-            print(f"(skipping {name}: not in BUILDERS {sorted(BUILDERS)})")
-            continue
+    print(f"tokenizer trained in {time.perf_counter() - start:.0f}s; untrained models, outputs held at {fixed_len} tokens")
+    found = []
+    for arch in args.archs:
+        recipe = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(ROOT / "recipes" / "model" / f"{arch}.yaml"), {"dropout": 0.0})
+        model_cfg = OmegaConf.to_object(recipe)
         torch.manual_seed(0)
-        models.append((name, build_model(model_config(name), tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, True)))
-    return tokenizer, fixed_len, models
+        model = build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, True)
+        path = work / f"{arch}.pt"
+        save_checkpoint(path, model, Config(data=DataConfig(train="unused"), model=model_cfg), tokenizer, step=0)
+        found.append((f"{arch} (untrained, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)", path))
+    return found, fixed_len
+
+
+def export_ct2(checkpoint: Path, work: Path) -> Path | None:
+    """The Transformer exported with nmt-export for --ct2 (None if it is not a Transformer)."""
+    out = work / f"ct2_{checkpoint.stem}"
+    done = subprocess.run([sys.executable, "-m", "nmt.cli.export", f"checkpoint={checkpoint}", "format=ctranslate2", f"out={out}"],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    return out if done.returncode == 0 else None
+
+
+def bleu(text: list[str], refs: list[str]) -> float:
+    import sacrebleu
+
+    return sacrebleu.corpus_bleu(text, [refs]).score
+
+
+def bench_model(name: str, checkpoint: Path, lines: list[str], refs: list[str], args, fixed_len: int | None, baseline: Path | None, work: Path) -> None:
+    """One table per model: every engine and precision, greedy and beam, with ratios against the baseline's fp32."""
+    print(f"\n== {name}: {len(lines)} sentences, batch {args.batch}, {args.threads} thread(s) ==")
+    print(f"{'engine':<16} {'search':<7} {'sent/s':>7} {'tok/s':>7} {'cpu ms/sent':>11} {'peak MiB':>8} {'rise MiB':>8} {'vs base':>7} {'same as fp32':>12}"
+          + ("  BLEU" if fixed_len is None else ""), flush=True)
+    ct2_dir = export_ct2(checkpoint, work) if args.ct2 else None
+    rows = ([("baseline", "fp32")] if baseline else []) + [("nmt", p) for p in args.precisions] + [("ct2", t) for t in args.ct2_types if ct2_dir]
+    for beam in args.beams:
+        common = dict(checkpoint=str(checkpoint), lines=lines, beam=beam, batch=args.batch, fixed_len=fixed_len, runs=args.runs, threads=args.threads)
+        results = {}
+        for engine, precision in rows:
+            job = {**common, "engine": "ct2" if engine == "ct2" else "nmt", "precision": precision, "ct2_dir": str(ct2_dir)}
+            if engine == "nmt" and precision == "fp32":
+                job.update(unbatched=args.unbatched if beam > 1 else 0, profile=args.profile and beam > 1)
+            results[engine, precision] = run_job(job, baseline if engine == "baseline" else ROOT, work)
+        reference = results.get(("nmt", "fp32"), next(iter(results.values())))["outputs"]
+        for (engine, precision), r in results.items():
+            tokens = sum(len(o) for o in r["outputs"])
+            versus = f"{results['baseline', 'fp32']['wall_s'] / r['wall_s']:.2f}x" if baseline else ""
+            same = sum(a == b for a, b in zip(r["outputs"], reference))
+            print(f"{engine + ' ' + precision:<16} {('greedy' if beam == 1 else f'beam {beam}'):<7} {len(lines) / r['wall_s']:>7.1f} {tokens / r['wall_s']:>7.0f} "
+                  f"{1000 * r['cpu_s'] / len(lines):>11.2f} {r['peak_mib']:>8.0f} {r['rise_mib']:>8.0f} {versus:>7} {same:>5}/{len(lines):<6}"
+                  + (f"  {bleu(r['text'], refs):.2f}" if fixed_len is None else ""), flush=True)
+        for r in results.values():
+            if "unbatched" in r:
+                u = r["unbatched"]
+                print(f"  beam {beam} one sentence at a time ({u['sentences']} sentences): {u['sentences'] / u['wall_s']:.1f} sent/s; "
+                      f"batched outputs {'equal' if u['same'] else 'DIFFER FROM'} the unbatched ones")
+            if "profile" in r:
+                print(f"  torch.profiler, nmt fp32, beam {beam}, 256 sentences:\n{r['profile']}")
+
+
+def baseline_tree(rev: str, work: Path) -> Path:
+    """The nmt/ package of commit `rev`, extracted with git archive."""
+    tree = work / f"baseline_{rev}"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "nmt"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")
-    parser.add_argument("--checkpoint", help="a trained checkpoint or run dir (else untrained models, fixed length)")
-    parser.add_argument("--archs", nargs="+", default=list(MODELS), help="untrained models to build")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 64, 128])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--checkpoint", nargs="+", type=Path, help="trained checkpoints or run dirs (else untrained models, fixed length)")
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS, help="untrained models to build")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
+    parser.add_argument("--beams", nargs="+", type=int, default=[1, 5])
+    parser.add_argument("--batch", type=int, default=64, help="sentences per batch (decode.batch_size)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (and CTranslate2's intra_threads)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sentences", type=int, default=1000, help="the first N test sentences")
-    parser.add_argument("--unbatched", type=int, default=100, help="sentences for beam 5 one at a time")
+    parser.add_argument("--unbatched", type=int, default=100, help="sentences for beam 5 one at a time (0: skip)")
     parser.add_argument("--fixed-len", type=int, default=None)
     parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--baseline", metavar="REV", help="also time the search of this git commit (fp32)")
+    parser.add_argument("--ct2", action="store_true", help="also time the Transformer in CTranslate2")
+    parser.add_argument("--ct2-types", nargs="+", default=["float32", "int8"], help="CTranslate2 compute types")
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler's top operators (beam, fp32)")
     args = parser.parse_args()
-    lines = read_lines(args.data / "test_2016_flickr.en.gz")[: args.sentences]
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s) (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
-          f"CPU, {os.cpu_count()} cores, load average {load} (others' work slows a shared machine)")
-    if args.checkpoint:
-        from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
+    if args.worker:
+        return worker(args.worker)
+    sys.path.insert(0, str(ROOT))
+    import torch
 
-        model, tokenizer, cfg = model_from_checkpoint(load_checkpoint(args.checkpoint), torch.device("cpu"))
-        bench_model(f"{cfg.model.arch} from {args.checkpoint}", model, tokenizer, lines, args, None)
-        return
-    tokenizer, fixed_len, models = untrained(args)
-    for name, model in models:
-        bench_model(f"{name} (untrained)", model, tokenizer, lines, args, fixed_len)
+    from nmt.data.corpus import read_lines
+
+    lines = read_lines(args.data / "test_2016_flickr.en.gz")[: args.sentences]
+    refs = read_lines(args.data / "test_2016_flickr.de.gz")[: args.sentences]
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
+    print(f"torch {torch.__version__}; {cpu}, {os.cpu_count()} cores; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
+          f"(others' work slows a shared machine: compare rows of one run)")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        baseline = baseline_tree(args.baseline, work) if args.baseline else None
+        if args.checkpoint:
+            from nmt.training.checkpoint import resolve_checkpoint
+
+            models, fixed_len = [(f"{path} (trained)", resolve_checkpoint(str(path))) for path in args.checkpoint], None
+        else:
+            models, fixed_len = untrained_checkpoints(args, work)
+        for name, path in models:
+            bench_model(name, path, lines, refs, args, fixed_len, baseline, work)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except NmtError as err:
-        sys.exit(f"error: {err} (pass --data DIR, the folder with Multi30k's *.gz files)")
+    main()

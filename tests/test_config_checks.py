@@ -5,8 +5,8 @@ from dataclasses import fields
 
 import pytest
 
-from nmt.cli import average, compare, evaluate, train, translate
-from nmt.config import AverageConfig, CompareConfig, Config, DataConfig, DecodeConfig, EvaluateConfig, ModelConfig, TrainConfig, TranslateConfig
+from nmt.cli import average, compare, evaluate, export, train, translate
+from nmt.config import AverageConfig, CompareConfig, Config, DataConfig, DecodeConfig, EvaluateConfig, ExportConfig, ModelConfig, TrainConfig, TranslateConfig
 from tests.test_cli import cli
 from tests.test_errors import one_error_line
 
@@ -22,7 +22,7 @@ def ruled_keys(schema) -> list[tuple[str, object]]:
 
 def test_every_numeric_key_declares_its_range():
     """A new int/float key without a rule would accept any value: each one must say what it allows."""
-    for schema in (*SECTIONS.values(), TranslateConfig, EvaluateConfig, AverageConfig, CompareConfig):
+    for schema in (*SECTIONS.values(), TranslateConfig, EvaluateConfig, AverageConfig, CompareConfig, ExportConfig):
         for f in fields(schema):
             if f.type in ("int", "float", "Optional[int]", "Optional[float]"):
                 assert "rule" in f.metadata, f"{schema.__name__}.{f.name} has no rule"
@@ -38,7 +38,8 @@ def test_every_training_key_with_a_bad_value(section, name, bad, tmp_path, capsy
 @pytest.mark.parametrize(
     "main, schema, base",
     [(translate.main, TranslateConfig, ["checkpoint=/nonexistent.pt"]), (evaluate.main, EvaluateConfig, ["checkpoint=/nonexistent.pt"]),
-     (average.main, AverageConfig, ["run=/nonexistent"]), (compare.main, CompareConfig, ["experiment=compare_attention_toy", "out=/nonexistent"])],
+     (average.main, AverageConfig, ["run=/nonexistent"]), (compare.main, CompareConfig, ["experiment=compare_attention_toy", "out=/nonexistent"]),
+     (export.main, ExportConfig, ["checkpoint=/nonexistent.pt", "out=/nonexistent/out"])],
 )
 def test_every_command_key_with_a_bad_value(main, schema, base, capsys):
     cases = [(name, bad) for name, bad in ruled_keys(schema)] + [(f"decode.{n}", b) for n, b in ruled_keys(DecodeConfig) if hasattr(schema, "decode")]
@@ -93,6 +94,6 @@ def test_cuda_where_there_is_none(tmp_path, capsys, monkeypatch):
 
 
 def test_defaults_pass_their_own_checks():
-    for schema in (Config, TranslateConfig, EvaluateConfig, AverageConfig, CompareConfig):
+    for schema in (Config, TranslateConfig, EvaluateConfig, AverageConfig, CompareConfig, ExportConfig):
         assert schema.__dataclass_fields__  # constructing the defaults runs every check
     Config(data=DataConfig(train="x"))

@@ -48,7 +48,8 @@ class Scripted(nn.Module):
 
     `tables` maps a source's first token to its table {prefix: {token: probability}}; a prefix not in
     the table ends the sentence (EOS with probability 1). The state carries the prefix, so search
-    reorders it like any model's state. Attention is uniform over the real source tokens.
+    reorders it like any model's state. Attention is uniform over the real source tokens. As the
+    interface says, `enc` has one row per sentence and the step rows are sentence-major, R // B each.
     """
 
     def __init__(self, tables: dict[int, dict[tuple, dict[int, float]]]):
@@ -62,12 +63,13 @@ class Scripted(nn.Module):
         return {"prefix": torch.zeros(enc["first"].size(0), 0, dtype=torch.long)}
 
     def step(self, prev, enc, state):
-        prefix = torch.cat([state["prefix"], prev[:, None]], 1)  # (B, T) with BOS first
+        prefix = torch.cat([state["prefix"], prev[:, None]], 1)  # (R, T) with BOS first
+        per_sentence = prev.size(0) // enc["first"].size(0)
         probs = torch.zeros(prev.size(0), V)
-        for row, (first, tokens) in enumerate(zip(enc["first"].tolist(), prefix[:, 1:].tolist())):
+        for row, (first, tokens) in enumerate(zip(enc["first"].repeat_interleave(per_sentence).tolist(), prefix[:, 1:].tolist())):
             for token, p in self.tables[first].get(tuple(tokens), {EOS: 1.0}).items():
                 probs[row, token] = p
-        mask = enc["src_mask"].float()
+        mask = enc["src_mask"].float().repeat_interleave(per_sentence, 0)
         return probs.log(), {"prefix": prefix}, mask / mask.sum(1, keepdim=True)
 
 

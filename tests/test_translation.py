@@ -135,7 +135,7 @@ def test_attention_output_and_plots(suffix, checkpoint, tokenizer, tmp_path, cap
 def test_no_output_file_is_left_behind_on_failure(checkpoint, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_bytes("the cat\n".encode() * 4 + b"bad \xff byte\n" + b"a dog\n")
-    old = write(tmp_path / "out.txt", ["an earlier translation"])
+    write(tmp_path / "out.txt", ["an earlier translation"])
     code, err, out = run_translate(capsys, checkpoint, source, tmp_path, "chunk_size=2", f"attention_out={tmp_path / 'attn.jsonl'}")
     assert code == 2 and "in.txt:5: invalid UTF-8" in err
     assert out.read_text() == "an earlier translation\n"  # untouched
@@ -159,6 +159,31 @@ def test_input_is_read_in_chunks(checkpoint, tmp_path, capsys, monkeypatch):
     assert code == 0, err
     assert seen == [(1, 3), (4, 3), (7, 1)]
     assert out.read_text().count("\n") == 7
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_reduced_precision_keeps_every_line_and_reports_speed(precision, checkpoint, tmp_path, capsys):
+    lines = mixed_lines()
+    source = write(tmp_path / "in.txt", lines)
+    code, err, out = run_translate(capsys, checkpoint, source, tmp_path, "decode=beam", f"decode.precision={precision}", "threads=1")
+    assert code == 0, err
+    assert out.read_text(encoding="utf-8").count("\n") == len(lines)
+    speed = err.strip().splitlines()[-1]  # translated 9 sentences in 0.4s: 22.1 sentences/s, 150 tokens/s (beam=5 ... precision=int8, 1 threads)
+    assert speed.startswith(f"translated {sum(1 for line in lines if line.strip())} sentences in ") and "sentences/s" in speed and "tokens/s" in speed
+    assert f"precision={precision}" in speed
+
+
+def test_progress_bar_counts_the_input_lines(tmp_path):
+    import gzip
+
+    (tmp_path / "a.txt").write_bytes(b"one\ntwo\n\nfour")  # no newline at the end
+    (tmp_path / "b.txt.gz").write_bytes(gzip.compress(b"one\ntwo\n"))
+    (tmp_path / "c.txt").write_bytes(b"")
+    assert [translate.count_lines(str(tmp_path / n)) for n in ("a.txt", "b.txt.gz", "c.txt", "missing.txt")] == [4, 2, 0, None]
+
+
+def test_checkpoint_lists_reach_hydra_as_one_value():
+    assert translate.checkpoint_list(["checkpoint=a.pt,b.pt", "decode.beam=5", "checkpoint='x,y'"]) == ["checkpoint=a.pt\\,b.pt", "decode.beam=5", "checkpoint='x,y'"]
 
 
 @pytest.mark.parametrize("bad", ["decode.top_p=0", "decode.temperature=0", "decode.beam=0", "chunk_size=0"])

@@ -11,12 +11,12 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from nmt.config import AverageConfig, CompareConfig, Config, EvaluateConfig, ServeConfig, TranslateConfig, register_configs, to_object
+from nmt.config import AverageConfig, CompareConfig, Config, EvaluateConfig, ExportConfig, ServeConfig, TranslateConfig, register_configs, to_object
 from nmt.errors import NmtError
 
 
 # The schema behind each top-level recipe, to list the valid keys when an override names an unknown one.
-SCHEMAS = {"config": Config, "translate": TranslateConfig, "evaluate": EvaluateConfig, "average": AverageConfig, "serve": ServeConfig, "compare": CompareConfig}
+SCHEMAS = {"config": Config, "translate": TranslateConfig, "evaluate": EvaluateConfig, "average": AverageConfig, "serve": ServeConfig, "compare": CompareConfig, "export": ExportConfig}
 
 
 def recipes_dir() -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nmt.cli.common import compose, print_help, run
-from nmt.cli.translate import load_translator
+from nmt.cli.translate import checkpoint_list, load_translator
 from nmt.config import Config, EvaluateConfig
 from nmt.data.corpus import read_lines
 from nmt.errors import NmtError
@@ -12,12 +12,13 @@ from nmt.fileio import atomic_open
 from nmt.translation import decode_settings
 
 USAGE = """
-usage: nmt-evaluate checkpoint=PATH [split=test|valid|train] [hyp_out=FILE] [decode.beam=K]
+usage: nmt-evaluate checkpoint=PATH[,PATH...] [split=test|valid|train] [hyp_out=FILE] [decode.beam=K] [decode.precision=bf16|int8]
        nmt-evaluate checkpoint=PATH src=FILE ref=FILE [hyp_out=FILE]
        nmt-evaluate hyp=FILE ref=FILE
 
 Translate a split of the data the model was trained on (or src=FILE) and score it against the
-references with sacrebleu; or score an existing translation (hyp=FILE). Examples:
+references with sacrebleu; or score an existing translation (hyp=FILE). Several checkpoints separated
+by commas decode as an ensemble. Examples:
   nmt-evaluate checkpoint=runs/quickstart split=test
   nmt-evaluate hyp=runs/quickstart/test.hyp ref=data/toy/test.tgt
 """
@@ -43,7 +44,7 @@ def sources_and_refs(cfg: EvaluateConfig, train_cfg: Config) -> tuple[list[str],
 def main(argv: list[str]) -> None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
-    cfg = compose("evaluate", argv)
+    cfg = compose("evaluate", checkpoint_list(argv))
     if cfg.hyp is not None:
         if cfg.ref is None:
             raise NmtError("hyp=FILE needs ref=FILE")
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> None:
     else:
         if cfg.checkpoint is None:
             raise NmtError("give checkpoint=PATH (a checkpoint or run dir), or hyp=FILE ref=FILE")
-        translator, train_cfg = load_translator(cfg.checkpoint, cfg.decode, cfg.device)
+        translator, train_cfg = load_translator(cfg.checkpoint, cfg.decode, cfg.device, cfg.threads)
         src, refs = sources_and_refs(cfg, train_cfg)
         hyps = translator.translate(src)
         print(f"decode: {decode_settings(cfg.decode)}; {len(hyps)} sentences")

@@ -2,45 +2,93 @@
 
 from __future__ import annotations
 
+import ctypes
+import gzip
 import os
 import sys
+import time
 from contextlib import ExitStack
 from itertools import islice
 from typing import IO, Iterator
 
+import torch
 from tqdm import tqdm
 
 from nmt.cli.common import compose, print_help, run
 from nmt.config import Config, DecodeConfig, TranslateConfig
 from nmt.data.corpus import iter_lines
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import NmtError
 from nmt.fileio import atomic_open
+from nmt.models.ensemble import Ensemble
+from nmt.models.quantize import to_precision
+from nmt.models.seq2seq import Seq2Seq
 from nmt.runtime import resolve_device
-from nmt.translation import Translation, Translator
+from nmt.translation import Translation, Translator, decode_settings
 
 USAGE = """
-usage: nmt-translate checkpoint=PATH [input=FILE] [output=FILE] [decode=greedy|beam|sampling] [decode.KEY=VALUE ...]
-                     [attention_out=FILE.jsonl|FILE.npz] [plot_dir=DIR plot_n=N] [chunk_size=N]
+usage: nmt-translate checkpoint=PATH[,PATH...] [input=FILE] [output=FILE] [decode=greedy|beam|sampling] [decode.KEY=VALUE ...]
+                     [decode.precision=fp32|bf16|int8] [threads=N] [attention_out=FILE.jsonl|FILE.npz] [plot_dir=DIR plot_n=N] [chunk_size=N]
 
 Translate one sentence per line; reads stdin and writes stdout unless input/output are given.
 Every input line gives one output line (empty lines stay empty), in order; with decode.nbest=N > 1,
 N lines `index<TAB>score<TAB>text` per input line (index counts lines from 0, score is the
-length-normalised log-probability). checkpoint may be a checkpoint file or a run dir. Examples:
+length-normalised log-probability). checkpoint may be a checkpoint file or a run dir, or several
+separated by commas: an ensemble, which averages the models' log-probabilities. Examples:
   nmt-translate checkpoint=runs/quickstart input=data/toy/test.src output=test.hyp
   nmt-translate checkpoint=runs/quickstart decode=beam decode.beam=5 decode.alpha=0.6 input=test.src output=test.hyp
   nmt-translate checkpoint=runs/quickstart decode=beam decode.nbest=5 input=test.src output=test.nbest
   nmt-translate checkpoint=runs/quickstart decode=sampling decode.top_p=0.9 decode.nbest=3 input=test.src
   nmt-translate checkpoint=runs/quickstart input=test.src output=test.hyp attention_out=test.attn.jsonl plot_dir=plots
   echo "ze bosize dibope" | nmt-translate checkpoint=runs/quickstart
+  nmt-translate checkpoint=runs/a,runs/b input=test.src output=test.hyp           # an ensemble (same vocabulary)
+  nmt-translate checkpoint=runs/quickstart decode.precision=int8 threads=2 input=test.src output=test.hyp
+Sentences/s and output tokens/s are printed on stderr at the end.
 """
 
 
-def load_translator(checkpoint: str, decode: DecodeConfig, device_name: str) -> tuple[Translator, Config]:
-    """A Translator for a checkpoint file or run dir, and the config the model was trained with."""
+def load_model(checkpoint: str, precision: str, device: torch.device) -> tuple[Seq2Seq | Ensemble, Tokenizer, Config]:
+    """The model of a checkpoint (file or run dir), or the ensemble of a comma-separated list of them, in `precision`.
+
+    Returns the model, the tokenizer and the first checkpoint's training config. The models of an
+    ensemble must share the tokenizer (a checkpoint with another vocabulary is named in the error).
+    """
     from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
 
+    paths = [path for path in checkpoint.split(",") if path]
+    loaded = [model_from_checkpoint(load_checkpoint(path, device), device) for path in paths]
+    tokenizer, train_cfg = loaded[0][1], loaded[0][2]
+    for path, (_, other, _) in zip(paths[1:], loaded[1:]):
+        if other.state() != tokenizer.state():
+            raise NmtError(f"{path}: its vocabulary differs from {paths[0]}'s; the models of an ensemble must share one tokenizer")
+    models = [to_precision(model, precision) for model, _, _ in loaded]
+    return (models[0] if len(models) == 1 else Ensemble(models).eval()), tokenizer, train_cfg
+
+
+def load_translator(checkpoint: str, decode: DecodeConfig, device_name: str, threads: int | None = None) -> tuple[Translator, Config]:
+    """A Translator for a checkpoint file or run dir (or a comma-separated ensemble), and the config the model was trained with."""
     device = resolve_device(device_name, key="device")
-    model, tokenizer, train_cfg = model_from_checkpoint(load_checkpoint(checkpoint, device), device)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model, tokenizer, train_cfg = load_model(checkpoint, decode.precision, device)
     return Translator(model, tokenizer, decode, device), train_cfg
+
+
+def checkpoint_list(argv: list[str]) -> list[str]:
+    """checkpoint=a.pt,b.pt kept as one value (Hydra reads an unquoted comma as a sweep over values)."""
+    return [arg.replace(",", "\\,") if arg.startswith("checkpoint=") and arg[11:12] not in ("'", '"', "[") else arg for arg in argv]
+
+
+def count_lines(path: str) -> int | None:
+    """The lines of a plain or gzipped file, for the progress bar (None if it cannot be read now)."""
+    try:
+        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+            count, last = 0, b"\n"
+            while block := f.read(1 << 20):
+                count, last = count + block.count(b"\n"), block[-1:]
+            return count + (last != b"\n")
+    except (OSError, EOFError):
+        return None
 
 
 def chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -67,14 +115,18 @@ def output_lines(translator: Translator, results: list[Translation], first_index
             yield f"{index}\t{hyp.norm_score:.4f}\t{one_line(next(texts))}"
 
 
-def translate_stream(cfg: TranslateConfig, translator: Translator, lines: Iterator[str], out: IO[str], stack: ExitStack) -> None:
-    """Translate and write `chunk_size` lines at a time; attention records and plots as asked."""
+def translate_stream(cfg: TranslateConfig, translator: Translator, lines: Iterator[str], out: IO[str], stack: ExitStack) -> tuple[int, int]:
+    """Translate and write `chunk_size` lines at a time; attention records and plots as asked.
+
+    Returns the number of sentences translated (blank lines excluded) and of output tokens (best hypotheses).
+    """
     from nmt.attention_io import HeatMaps, attention_record, attention_writer
 
     attention = stack.enter_context(attention_writer(cfg.attention_out)) if cfg.attention_out else None
     plots = HeatMaps(cfg.plot_dir, cfg.plot_n) if cfg.plot_dir else None
-    bar = stack.enter_context(tqdm(unit="sent", file=sys.stderr, disable=None if cfg.output and cfg.progress else True))
-    first = 0
+    total = count_lines(cfg.input) if cfg.input and cfg.progress else None
+    bar = stack.enter_context(tqdm(total=total, unit="line", file=sys.stderr, disable=None if cfg.input and cfg.progress else True))
+    first = sentences = tokens = 0
     for chunk in chunks(lines, cfg.chunk_size):
         results = translator.translate_lines(chunk, first_line=first + 1, progress=bar.update)
         out.writelines(line + "\n" for line in output_lines(translator, results, first, cfg.decode.nbest))
@@ -86,21 +138,39 @@ def translate_stream(cfg: TranslateConfig, translator: Translator, lines: Iterat
             if plots is not None:
                 plots.write(record)
         first += len(chunk)
+        sentences += sum(1 for r in results if r.hyps)
+        tokens += sum(len(r.hyps[0].tokens) for r in results if r.hyps)
+        del results
+        release_freed_memory()
+    return sentences, tokens
+
+
+def release_freed_memory() -> None:
+    """Give the memory freed by a chunk back to the system (glibc keeps it in its heap, where chunks of
+    varied tensor sizes fragment it and the resident size creeps up over a long file); no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def main(argv: list[str]) -> int | None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
-    cfg = compose("translate", argv)
-    translator, _ = load_translator(cfg.checkpoint, cfg.decode, cfg.device)
+    cfg = compose("translate", checkpoint_list(argv))
+    translator, _ = load_translator(cfg.checkpoint, cfg.decode, cfg.device, cfg.threads)
     lines = iter_lines(cfg.input)
+    start = time.perf_counter()
     try:
         with ExitStack() as stack:
             out = stack.enter_context(atomic_open(cfg.output, "w", key="output")) if cfg.output else sys.stdout
-            translate_stream(cfg, translator, lines, out, stack)
+            sentences, tokens = translate_stream(cfg, translator, lines, out, stack)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as other filters do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    seconds = max(time.perf_counter() - start, 1e-9)
+    print(f"translated {sentences} sentences in {seconds:.1f}s: {sentences / seconds:.1f} sentences/s, {tokens / seconds:.0f} tokens/s "
+          f"({decode_settings(cfg.decode)}, {torch.get_num_threads()} threads)", file=sys.stderr)
 
 
 def entry() -> None:

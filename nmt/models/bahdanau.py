@@ -40,7 +40,7 @@ class BahdanauDecoder(RNNDecoder):
 
     def advance(self, emb: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
         s_prev = state["h"][:, -1]  # (B, H): top layer of s_{i-1}
-        context, attn = self.attend(s_prev[:, None], enc, state, state["t"][:, None])  # (B, 1, H), (B, 1, S)
+        context, attn = self.attend(s_prev[:, None], enc, state["t"][:, None])  # (B, 1, H), (B, 1, S)
         context = context[:, 0]
         t_tilde = self.readout(torch.cat([s_prev, emb, context], -1))  # (B, 2E)
         t_i = t_tilde.view(t_tilde.size(0), -1, 2).amax(-1)  # (B, E) maxout

@@ -44,15 +44,15 @@ class LuongDecoder(RNNDecoder):
             state["feed"] = enc["memory"].new_zeros(enc["memory"].size(0), self.W_c.out_features)
         return state
 
-    def attentional(self, h: torch.Tensor, enc: Enc, state: State, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def attentional(self, h: torch.Tensor, enc: Enc, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h_t (B, T, H) -> h~_t = tanh(W_c [c_t; h_t]) (B, T, H) (eq. 5), and a_t (B, T, S)."""
-        context, attn = self.attend(h, enc, state, steps)
+        context, attn = self.attend(h, enc, steps)
         return torch.tanh(self.W_c(torch.cat([context, h], -1))), attn
 
     def advance(self, emb: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
         x = torch.cat([emb, state["feed"]], -1) if self.input_feeding else emb  # (B, I)
         h, hidden = self.rnn(x[:, None], state)  # (B, 1, H)
-        h_tilde, attn = self.attentional(h, enc, state, state["t"][:, None])
+        h_tilde, attn = self.attentional(h, enc, state["t"][:, None])
         new_state = {**state, **hidden, "t": state["t"] + 1}
         if self.input_feeding:
             new_state["feed"] = h_tilde[:, 0]
@@ -62,8 +62,9 @@ class LuongDecoder(RNNDecoder):
         """Teacher forcing: logits (B, T, V), attention (B, T, S) if asked."""
         if self.input_feeding:
             return super().forward(tgt_in, enc, need_attn)
+        enc = self.prepare(enc)
         state = self.init_state(enc)
         h, _ = self.rnn(self.dropout(self.embed(tgt_in)), state)  # (B, T, H): every h_t in one call
         steps = torch.arange(tgt_in.size(1), device=tgt_in.device).expand(tgt_in.size(0), -1)  # (B, T)
-        h_tilde, attn = self.attentional(h, enc, state, steps)
+        h_tilde, attn = self.attentional(h, enc, steps)
         return self.output(self.dropout(h_tilde)), attn if need_attn else None

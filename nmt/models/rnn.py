@@ -6,7 +6,8 @@ units, so the memory is (B, S, H) like the decoder state.
 Bridge: the initial decoder state of layer l is tanh(W_b [h->_final; h<-_final]_l) (Bahdanau et al.
 2014, appendix A.2.2, use s_0 = tanh(W_s h<-_1); this reads both directions' final states), or zeros.
 The decoders (bahdanau.py, luong.py) keep their recurrent state in the state dict as "h" (and "c"
-for LSTMs) (B, L, H), the prepared attention keys as "keys", the target position as "t" (B,).
+for LSTMs) (R, L, H) and the target position as "t" (R,), one row per hypothesis; the prepared
+attention keys "keys" (B, S, *) are computed once per sentence (`prepare`) and read by all its rows.
 
 Shape legend: B batch, S source length, T target length, E embedding, H hidden (= model.dim),
 L layers, V vocab.
@@ -21,7 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from nmt.data.tokenizer import PAD
 from nmt.errors import NmtError
 from nmt.models.attention import Attention, check_attention
-from nmt.models.seq2seq import Enc, Seq2Seq, State
+from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 BRIDGES = ("bridge", "zero")
@@ -84,7 +85,7 @@ class RNNEncoder(nn.Module):
         """Final states (L * directions, B, H / directions) -> initial decoder state (B, L, H)."""
         layers = self.rnn.num_layers
         final = final.view(layers, self.directions, final.size(1), -1).permute(2, 0, 1, 3).flatten(2)  # (B, L, H)
-        return torch.zeros_like(final) if bridge is None else torch.tanh(bridge(final))
+        return torch.zeros_like(final) if bridge is None else torch.tanh(bridge(final)).to(final.dtype)  # fp32 even with a bf16 bridge (decode.precision)
 
 
 class RNNDecoder(nn.Module):
@@ -99,9 +100,13 @@ class RNNDecoder(nn.Module):
     rnn: Recurrent
     attention: Attention
 
+    def prepare(self, enc: Enc) -> Enc:
+        """enc plus the attention's prepared keys "keys" (B, S, *), computed once per sentence."""
+        return {**enc, "keys": self.attention.prepare(enc["memory"])}
+
     def init_state(self, enc: Enc) -> State:
-        """Initial "h"/"c" (B, L, H) from the encoder's bridge, prepared keys (B, S, *), position "t" (B,)."""
-        state = {"h": enc["init_h"], "keys": self.attention.prepare(enc["memory"])}
+        """Initial "h"/"c" (B, L, H) from the encoder's bridge and position "t" (B,)."""
+        state = {"h": enc["init_h"]}
         if self.rnn.lstm:
             state["c"] = enc["init_c"]
         state["t"] = torch.zeros(enc["memory"].size(0), dtype=torch.long, device=enc["memory"].device)
@@ -111,9 +116,14 @@ class RNNDecoder(nn.Module):
         """Embedded previous tokens (B, E) -> logits (B, V), new state, attention (B, S)."""
         raise NotImplementedError
 
-    def attend(self, query: torch.Tensor, enc: Enc, state: State, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries (B, T, H) at target positions steps (B, T) -> context (B, T, H), weights (B, T, S)."""
-        return self.attention(query, state["keys"], enc["memory"], enc["src_mask"], steps)
+    def attend(self, query: torch.Tensor, enc: Enc, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries (R, T, H) at target positions steps (R, T) -> context (R, T, H), weights (R, T, S).
+
+        R // B rows per sentence of enc: a sentence's rows query its keys in one call.
+        """
+        rows, sentences = query.shape[:2], enc["src_mask"].size(0)
+        context, weights = self.attention(by_sentence(query, sentences), enc["keys"], enc["memory"], enc["src_mask"], by_sentence(steps, sentences))
+        return context.reshape(*rows, -1), weights.reshape(*rows, -1)
 
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
         """One token per sentence: prev (B,) -> logits (B, V), new state, attention (B, S)."""
@@ -121,6 +131,7 @@ class RNNDecoder(nn.Module):
 
     def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher forcing, one `advance` per position: logits (B, T, V), attention (B, T, S) if asked."""
+        enc = self.prepare(enc)
         state = self.init_state(enc)
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
         logits, attn = [], []

@@ -2,13 +2,18 @@
 
 Shape legend: B batch, S source length, T target length, H hidden, V vocab.
 
-An encoder maps (src (B, S), src_mask (B, S)) to `Enc`, a dict of tensors with the batch on dim 0
+An encoder maps (src (B, S), src_mask (B, S)) to `Enc`, a dict of tensors with the sentence on dim 0
 (at least "memory" (B, S, H) and "src_mask" (B, S)). A decoder offers
+    prepare(enc) -> Enc       adds what every step reads and that depends on the sentence only (cross-
+                              attention keys and values, prepared attention keys), computed once
     init_state(enc) -> State
-    step(prev (B,), enc, state) -> (logits (B, V), State, attn (B, S))
+    step(prev (R,), enc, state) -> (logits (R, V), State, attn (R, S))
     forward(tgt_in (B, T), enc, need_attn) -> (logits (B, T, V), attn (B, T, S) or None)
-State is a dict of tensors with the batch on dim 0, so search reorders beams with one index_select and
-never asks which model it runs. Masks are bool, True = real token.
+`step` runs R = B * G rows, G per sentence, sentence-major (rows b*G .. b*G+G-1 belong to sentence b of
+`enc`): beam search keeps its K hypotheses of a sentence as K rows over one copy of the sentence's
+encoding, so nothing per sentence is copied per beam. State is a dict of tensors with the row on dim 0,
+so search reorders beams with one index_select and never asks which model it runs. Masks are bool,
+True = real token.
 """
 
 from __future__ import annotations
@@ -25,6 +30,15 @@ State = dict[str, torch.Tensor]
 Enc = dict[str, torch.Tensor]
 
 
+def by_sentence(rows: torch.Tensor, sentences: int) -> torch.Tensor:
+    """(R, T, *) step rows, R // sentences per sentence and sentence-major -> (B, R // B * T, *).
+
+    A sentence's rows become queries side by side, so one attention call serves them all against
+    the sentence's single copy of its keys. `rows.reshape(R, T, ...)` undoes it.
+    """
+    return rows.reshape(sentences, -1, *rows.shape[2:])
+
+
 def reorder(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
     """Select rows (dim 0) of every tensor: beam reordering, tiling, or dropping finished sentences."""
     return {key: value.index_select(0, index) for key, value in tensors.items()}
@@ -39,7 +53,8 @@ class Seq2Seq(nn.Module):
         self.decoder = decoder
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> Enc:
-        return self.encoder(src, src_mask)
+        """The encoder's output and what the decoder's steps read from it, one row per sentence."""
+        return self.decoder.prepare(self.encoder(src, src_mask))
 
     def init_state(self, enc: Enc) -> State:
         return self.decoder.init_state(enc)
@@ -49,7 +64,7 @@ class Seq2Seq(nn.Module):
 
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher-forced logits (B, T, V)."""
-        logits, _ = self.decoder(tgt_in, self.encode(src, src_mask))
+        logits, _ = self.decoder(tgt_in, self.encoder(src, src_mask))
         return logits
 
 

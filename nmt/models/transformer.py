@@ -7,8 +7,9 @@
 Sub-layers are wrapped pre-norm, x + Drop(F(LN(x))) (Wang et al. 2019), or post-norm, LN(x + Drop(F(x))).
 
 Shape legend: B batch, S source length, T target length, H model dim, V vocab, N heads, D head dim (H / N).
-`step` keeps a key/value cache per decoder layer in the state (batch on dim 0); cross-attention keys and
-values are computed once in `init_state`. `step` and `forward` return cross-attention reduced for plotting
+`step` keeps a key/value cache per decoder layer in the state (one row per hypothesis); cross-attention
+keys and values are computed once per sentence in `prepare`, and a sentence's rows (its beams) query
+them together. `step` and `forward` return cross-attention reduced for plotting
 (`reduce_attention`: last layer, mean over heads); `attention_maps` gives every layer and head (B, L, N, T, S).
 """
 
@@ -20,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.models.seq2seq import Enc, Seq2Seq, State
+from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence
+
 
 def sinusoidal_positions(length: int, dim: int, offset: int = 0) -> torch.Tensor:
     """(length, H) sinusoidal position encodings for positions offset..offset+length-1."""
@@ -32,6 +34,9 @@ def sinusoidal_positions(length: int, dim: int, offset: int = 0) -> torch.Tensor
     return pe
 
 
+POSITIONS = 1024  # positions kept in a table; later ones are computed when asked (there is no length limit)
+
+
 class Embedding(nn.Module):
     """Token embedding scaled by sqrt(H), plus sinusoidal positions, then dropout."""
 
@@ -41,10 +46,15 @@ class Embedding(nn.Module):
         nn.init.normal_(self.tokens.weight, std=dim**-0.5)
         self.dim = dim
         self.dropout = nn.Dropout(dropout)
+        # the same values sinusoidal_positions gives for any slice (not saved: checkpoints are unchanged);
+        # a decoding step reads its row instead of computing it (a dozen small operations)
+        self.register_buffer("positions", sinusoidal_positions(POSITIONS, dim), persistent=False)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = self.tokens(tokens) * math.sqrt(self.dim)  # (B, T, H)
-        return self.dropout(x + sinusoidal_positions(tokens.size(1), self.dim, offset).to(x))
+        end = offset + tokens.size(1)
+        pe = self.positions[offset:end] if end <= self.positions.size(0) else sinusoidal_positions(tokens.size(1), self.dim, offset).to(x)
+        return self.dropout(x + pe)
 
 
 class MultiHeadAttention(nn.Module):
@@ -148,36 +158,49 @@ class DecoderLayer(nn.Module):
         self.res_self, self.res_cross, self.res_ffn = (Residual(dim, dropout, norm) for _ in range(3))
 
     def forward(
-        self,
-        x: torch.Tensor,
-        self_kv: tuple[torch.Tensor, torch.Tensor] | None,
-        cross_kv: tuple[torch.Tensor, torch.Tensor],
-        src_mask: torch.Tensor,
-        need_weights: bool,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
-        """x (B, T, H). self_kv: the cache of earlier steps (step mode) or None (teacher forcing, causal).
+        self, x: torch.Tensor, cross_kv: tuple[torch.Tensor, torch.Tensor], src_mask: torch.Tensor, need_weights: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher forcing: x (B, T, H), causal self-attention -> (B, T, H), cross weights (B, N, T, S) or None."""
+        x = self.res_self(x, lambda h: self.self_attn.attend(h, *self.self_attn.keys_values(h), causal=True)[0])
+        return self._cross_and_ffn(x, cross_kv, src_mask, need_weights)
 
-        Returns the output (B, T, H), the self-attention keys/values including x's, and cross weights.
+    def step(
+        self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], cross_kv: tuple[torch.Tensor, torch.Tensor], src_mask: torch.Tensor, need_weights: bool
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+        """One position per row: x (R, 1, H) after the cached keys/values (R, N, t, D) of the row's earlier positions.
+
+        cross_kv (B, N, S, D) and src_mask (B, 1, 1, S) hold one copy per sentence for its R // B rows.
+        Returns the output (R, 1, H), the cache extended by this position (R, N, t + 1, D), and the cross
+        weights (B, N, R // B, S) or None.
         """
-        new_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        new_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def self_block(h: torch.Tensor) -> torch.Tensor:
-            k, v = self.self_attn.keys_values(h)  # (B, N, T, D)
-            if self_kv is not None:
-                k, v = torch.cat([self_kv[0], k], 2), torch.cat([self_kv[1], v], 2)
-            new_kv.append((k, v))
-            return self.self_attn.attend(h, k, v, causal=self_kv is None)[0]
+            k, v = self.self_attn.keys_values(h)  # (R, N, 1, D)
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+            new_cache.append((k, v))
+            return self.self_attn.attend(h, k, v, need_weights=True)[0]  # a few queries per row: explicit products beat SDPA's kernel
 
+        x = self.res_self(x, self_block)
+        x, weights = self._cross_and_ffn(x, cross_kv, src_mask, need_weights, explicit=True)
+        return x, new_cache[0], weights
+
+    def _cross_and_ffn(
+        self, x: torch.Tensor, cross_kv: tuple[torch.Tensor, torch.Tensor], src_mask: torch.Tensor, need_weights: bool, explicit: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Cross-attention then the feed-forward sub-layer; x (R, T, H), a sentence's R // B rows query its keys together.
+
+        explicit: attention as explicit products even without weights asked (faster than SDPA for a step's few queries).
+        """
         weights: list[torch.Tensor | None] = []
 
         def cross_block(h: torch.Tensor) -> torch.Tensor:
-            out, w = self.cross_attn.attend(h, *cross_kv, mask=src_mask, need_weights=need_weights)
-            weights.append(w)
-            return out
+            out, w = self.cross_attn.attend(by_sentence(h, src_mask.size(0)), *cross_kv, mask=src_mask, need_weights=need_weights or explicit)
+            weights.append(w if need_weights else None)
+            return out.reshape(h.shape)
 
-        x = self.res_self(x, self_block)
         x = self.res_cross(x, cross_block)
-        return self.res_ffn(x, self.ffn), new_kv[0], weights[0]
+        return self.res_ffn(x, self.ffn), weights[0]
 
 
 def reduce_attention(maps: torch.Tensor) -> torch.Tensor:
@@ -204,7 +227,7 @@ class TransformerDecoder(nn.Module):
         src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
         maps = []
         for i, (layer, cross_kv) in enumerate(zip(self.layers, self._cross_kv(enc))):
-            x, _, weights = layer(x, None, cross_kv, src_mask, i in attn_layers)
+            x, weights = layer(x, cross_kv, src_mask, i in attn_layers)
             if weights is not None:
                 maps.append(weights)  # (B, N, T, S)
         return self.output(self.final_norm(x)), torch.stack(maps, 1) if maps else None
@@ -219,28 +242,34 @@ class TransformerDecoder(nn.Module):
         """Teacher-forced cross-attention of every layer and head (B, L, N, T, S)."""
         return self.teacher_forced(tgt_in, enc, range(len(self.layers)))[1]
 
-    def init_state(self, enc: Enc) -> State:
-        """Cross-attention keys/values (B, N, S, D) computed once; empty self-attention caches (B, N, 0, D)."""
-        state: State = {}
+    def prepare(self, enc: Enc) -> Enc:
+        """enc plus every layer's cross-attention keys and values "cross_k{i}", "cross_v{i}" (B, N, S, D), computed once.
+
+        Stored contiguous, so the steps' products read them in place (a head-split view would be copied at every step).
+        """
+        prepared = dict(enc)
         for i, (k, v) in enumerate(self._cross_kv(enc)):
-            state[f"cross_k{i}"], state[f"cross_v{i}"] = k, v
-            state[f"self_k{i}"], state[f"self_v{i}"] = k[:, :, :0], v[:, :, :0]
-        return state
+            prepared[f"cross_k{i}"], prepared[f"cross_v{i}"] = k.contiguous(), v.contiguous()
+        return prepared
+
+    def init_state(self, enc: Enc) -> State:
+        """Empty self-attention caches "self_k{i}", "self_v{i}" (B, N, 0, D) of the keys' dtype, one row per sentence (enc from `prepare`)."""
+        empty = enc["cross_k0"][:, :, :0]
+        return {f"self_{kv}{i}": empty for i in range(len(self.layers)) for kv in "kv"}
 
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
-        """One token per sentence: prev (B,) -> logits (B, V), new state, attention (B, S)."""
+        """One token per row: prev (R,) -> logits (R, V), new state, attention (R, S); R // B rows per sentence of enc."""
         t = state["self_k0"].size(2)
-        x = self.embed(prev[:, None], offset=t)  # (B, 1, H)
-        src_mask = enc["src_mask"][:, None, None, :]
+        x = self.embed(prev[:, None], offset=t)  # (R, 1, H)
+        src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
         new_state: State = {}
         weights = None
         for i, layer in enumerate(self.layers):
             cache = (state[f"self_k{i}"], state[f"self_v{i}"])
-            cross = (state[f"cross_k{i}"], state[f"cross_v{i}"])
-            x, (k, v), weights = layer(x, cache, cross, src_mask, i == len(self.layers) - 1)
-            new_state.update({f"self_k{i}": k, f"self_v{i}": v, f"cross_k{i}": cross[0], f"cross_v{i}": cross[1]})
-        logits = self.output(self.final_norm(x))[:, 0]  # (B, V)
-        return logits, new_state, reduce_attention(weights[:, None])[:, 0]  # (B, S)
+            cross = (enc[f"cross_k{i}"], enc[f"cross_v{i}"])
+            x, (new_state[f"self_k{i}"], new_state[f"self_v{i}"]), weights = layer.step(x, cache, cross, src_mask, i == len(self.layers) - 1)
+        logits = self.output(self.final_norm(x[:, 0]))  # (R, V)
+        return logits, new_state, weights.mean(1).reshape(prev.size(0), -1)  # last layer, mean over heads: (B, N, G, S) -> (R, S)
 
 
 def build_transformer(

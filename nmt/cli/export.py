@@ -1,0 +1,44 @@
+"""nmt-export checkpoint=RUN format=ctranslate2 out=DIR: a trained model converted for an inference engine."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from nmt.cli.common import compose, print_help, run
+
+USAGE = """
+usage: nmt-export checkpoint=PATH format=ctranslate2 out=DIR [quantization=int8|int8_float32|int16|float16|bfloat16] [max_positions=N]
+
+Convert a Transformer checkpoint (a file or a run dir) into a CTranslate2 model directory, with the
+SentencePiece model beside it (needs `pip install 'nmt[ct2]'`). Examples:
+  nmt-export checkpoint=runs/quickstart format=ctranslate2 out=exported/quickstart
+  nmt-export checkpoint=runs/m30k/checkpoints/best.pt format=ctranslate2 out=m30k_ct2 quantization=int8
+Then, in Python:
+  import ctranslate2, sentencepiece as spm
+  sp = spm.SentencePieceProcessor(model_file="exported/quickstart/sentencepiece.model")
+  out = ctranslate2.Translator("exported/quickstart").translate_batch([sp.encode("ze bosize", out_type=str)])
+  print(sp.decode(out[0].hypotheses[0]))
+"""
+
+
+def main(argv: list[str]) -> None:
+    if "-h" in argv or "--help" in argv:
+        return print_help(USAGE)
+    cfg = compose("export", argv)
+    from nmt.export.ctranslate2 import export_ctranslate2
+    from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
+
+    payload = load_checkpoint(cfg.checkpoint)
+    model, tokenizer, train_cfg = model_from_checkpoint(payload, torch.device("cpu"))
+    out = export_ctranslate2(model, train_cfg, tokenizer, cfg.out, cfg.quantization, cfg.max_positions, payload["path"])
+    print(f"wrote {out} ({cfg.format}, {cfg.quantization or 'float32'} weights) from {payload['path']}", file=sys.stderr)
+
+
+def entry() -> None:
+    run(main)
+
+
+if __name__ == "__main__":
+    entry()

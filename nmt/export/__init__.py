@@ -1,0 +1,1 @@
+"""Checkpoint converters for inference engines (nmt-export)."""

@@ -1,0 +1,99 @@
+"""Decoding in reduced precision (decode.precision): the model's linear layers in bf16 or int8.
+
+    bf16  y = x W^T + b with x, W, b rounded to bfloat16 (AVX512-BF16 / AMX matrix products on recent
+          x86 CPUs), the product accumulated in fp32 and returned as fp32, so everything between the
+          linear layers (attention, norms, the residual stream, the search) stays fp32.
+    int8  y = (q(x) q(W)^T) * s_x * s_W + b, the product in int32 (torch._int_mm; VNNI on x86):
+          q(W) = round(W / s_W), s_W = max|W_i| / 127, one scale per output unit (per channel);
+          q(x) = round(x / s_x), s_x = max|x_r| / 127, one scale per row, computed at every call
+          (dynamic, per token). The scheme of LLM.int8() (Dettmers et al. 2022) without its outlier
+          split, and of torchao's int8 dynamic-activation config; torch.ao's quantize_dynamic is
+          deprecated and scales activations per tensor.
+Everything else (embeddings, layer norms, GRU/LSTM cells, the RNN attention scorers, whose weights
+some scores read directly) stays fp32. Training never sees these modules: they replace a trained
+model's layers for decoding only, in place (`to_precision`).
+
+Shape legend: R rows (any leading dims flattened), I input features, O output features.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.models.attention import Attention
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def bucket(rows: int) -> int:
+    """rows rounded up to a multiple of 8, and above 32 to one of four sizes per octave (64, 80, 96, 112, 128, 160, ...)."""
+    step = max(8, 1 << max(rows.bit_length() - 3, 0))
+    return -(-rows // step) * step
+
+
+class Bf16Linear(nn.Module):
+    """A Linear whose weights and product are bfloat16, between fp32 inputs and outputs.
+
+    oneDNN, which runs bf16 products on a CPU, keeps some memory for every shape it has seen (about
+    0.7 MB each here, not freed), and decoding meets a new row count at almost every batch and step; the
+    rows are padded up to a `bucket` so that few shapes ever occur.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.size(-1)).to(torch.bfloat16)  # (R, I)
+        count = rows.size(0)
+        if bucket(count) != count:
+            rows = F.pad(rows, (0, 0, 0, bucket(count) - count))
+        return F.linear(rows, self.weight, self.bias)[:count].float().view(*x.shape[:-1], -1)
+
+
+class Int8Linear(nn.Module):
+    """A Linear with int8 weights (a scale per output unit) and int8 inputs (a scale per row, at run time)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()  # (O, I)
+        scale = weight.abs().amax(1).clamp_min(1e-12) / 127  # (O,)
+        self.register_buffer("weight_t", (weight / scale[:, None]).round().to(torch.int8).t().contiguous())  # (I, O)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.size(-1)).float()  # (R, I)
+        scale = rows.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127  # (R, 1)
+        product = torch._int_mm((rows / scale).round_().to(torch.int8), self.weight_t)  # (R, O) int32
+        y = product.float().mul_(scale).mul_(self.scale)
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.view(*x.shape[:-1], -1)
+
+
+LINEARS: dict[str, type[nn.Module]] = {"bf16": Bf16Linear, "int8": Int8Linear}
+
+
+def to_precision(model: nn.Module, precision: str) -> nn.Module:
+    """Replace, in place, every nn.Linear outside the attention scorers by its `precision` version; fp32 changes nothing."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision}: expected one of {', '.join(PRECISIONS)}")
+    if precision != "fp32":
+        _replace_linears(model, LINEARS[precision])
+    return model.eval()
+
+
+def _replace_linears(module: nn.Module, make: type[nn.Module]) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, Attention):
+            continue
+        if type(child) is nn.Linear:
+            setattr(module, name, make(child))
+        else:
+            _replace_linears(child, make)

@@ -1,0 +1,98 @@
+"""decode.precision: bf16 and int8 linear layers stay close to fp32, and the search invariants still hold."""
+
+import pytest
+import torch
+from torch import nn
+
+from nmt.config import ModelConfig
+from nmt.data.tokenizer import BOS, EOS
+from nmt.models.attention import Attention
+from nmt.models.quantize import Bf16Linear, Int8Linear, to_precision
+from nmt.models.seq2seq import build_model
+from nmt.search import beam_search, greedy_search
+from tests.conftest import random_batch
+
+VOCAB = 40
+MODELS = {
+    "transformer": dict(arch="transformer", heads=4, ffn_dim=64),
+    "bahdanau": dict(arch="bahdanau", cell="gru", score="additive"),
+    "luong_concat": dict(arch="luong", cell="lstm", score="concat"),  # concat reads W_a's weight directly
+    "luong_local_p": dict(arch="luong", cell="gru", score="general", window="local_p", window_size=2, input_feeding=False),
+}
+
+
+def tiny(name: str, precision: str = "fp32"):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(dim=32, layers=2, dropout=0.0, **MODELS[name]), VOCAB, VOCAB, joint=True).eval()
+    return to_precision(model, precision)
+
+
+@pytest.mark.parametrize("make, tolerance", [(Int8Linear, 0.02), (Bf16Linear, 0.01)])
+def test_reduced_linear_is_close_to_fp32(make, tolerance):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 300)
+    x = torch.randn(3, 7, 64) * torch.logspace(-2, 1, 7)[None, :, None]  # rows of very different scales
+    reduced = make(linear)
+    with torch.no_grad():
+        want, got = linear(x), reduced(x).float()
+    assert got.shape == want.shape
+    # relative to each row's size: per-row input scales keep small rows as precise as large ones
+    error = (got - want).norm(dim=-1) / want.norm(dim=-1)
+    assert float(error.max()) < tolerance, error.max()
+
+
+def test_only_linears_outside_the_attention_scorers_are_replaced():
+    model = tiny("luong_concat", "int8")
+    scorer = model.decoder.attention  # concat reads W_a's weight directly: it stays an fp32 nn.Linear
+    assert isinstance(scorer, Attention) and type(scorer.W_a) is nn.Linear and type(scorer.v_a) is nn.Linear
+    outside = [m for name, m in model.named_modules() if not name.startswith("decoder.attention")]
+    assert not any(type(m) is nn.Linear for m in outside)
+    assert isinstance(model.decoder.output, Int8Linear) and isinstance(model.decoder.W_c, Int8Linear)
+    assert model.decoder.embed.weight.dtype == torch.float32  # the tied embedding keeps its fp32 weight
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("name", MODELS)
+def test_beam_scores_equal_recomputing_each_prefix(name, precision):
+    """The reduced model's cached steps give what its teacher forcing gives (the same rounding per token)."""
+    model, batch = tiny(name, precision), random_batch(VOCAB, src_lens=(7, 3, 5, 1), tgt_lens=(1, 1, 1, 1), seed=2)
+    limits = torch.full((4,), 7)
+    hyps = beam_search(model, batch.src, batch.src_mask, limits, k=3, nbest=3)
+    greedy = greedy_search(model, batch.src, batch.src_mask, limits)
+    tolerance = 0.05 if precision == "bf16" else 1e-3
+    with torch.no_grad():
+        for row, options in enumerate(hyps):
+            s = int(batch.src_mask[row].sum())
+            enc = model.encode(batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s])
+            assert [h.tokens for h in beam_search(model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limits[:1], k=1)[0]] == [greedy[row].tokens]
+            for h in options:
+                steps = h.attention.size(0)
+                out = (h.tokens + [EOS])[:steps]
+                logits, _ = model.decoder(torch.tensor([[BOS] + out[:-1]]), enc)
+                score = logits.float().log_softmax(-1)[0, torch.arange(steps), torch.tensor(out)].sum()
+                assert float(score) == pytest.approx(h.score, abs=tolerance)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_reduced_model_stays_close_to_fp32(precision):
+    batch = random_batch(VOCAB, src_lens=(7, 3, 5), tgt_lens=(6, 2, 4), seed=3)
+    with torch.no_grad():
+        want = tiny("transformer")(batch.src, batch.src_mask, batch.tgt_in).log_softmax(-1)
+        got = tiny("transformer", precision)(batch.src, batch.src_mask, batch.tgt_in).float().log_softmax(-1)
+    real = batch.tgt_out != 0
+    assert float((got - want).abs()[real].max()) < 0.1
+    assert float((got.argmax(-1) == want.argmax(-1))[real].float().mean()) > 0.9
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="precision=fp8: expected one of fp32, bf16, int8"):
+        to_precision(tiny("transformer"), "fp8")
+
+
+def test_bf16_rows_are_padded_to_few_shapes():
+    from nmt.models.quantize import bucket
+
+    sizes = [bucket(rows) for rows in range(1, 5000)]
+    assert all(0 <= size - rows < max(8, rows / 4) for rows, size in zip(range(1, 5000), sizes))  # at most 7 rows or 25% more
+    assert len(set(sizes)) < 50  # oneDNN keeps memory per shape: thousands of row counts meet a few dozen shapes
+    assert bucket(64) == 64 and bucket(320) == 320 and bucket(65) == 80
