@@ -148,7 +148,7 @@ class TrainConfig:
     max_time: Optional[float] = key(None, positive())  # minutes of wall-clock: stop at the first update past it (validate, save, results.json)
     batch_tokens: int = key(4096, at_least(1))  # padded tokens per batch (per process with torchrun)
     accumulate: int = key(1, at_least(1))  # batches per update: the update of an N-times larger batch
-    precision: str = key("fp32", one_of("fp32", "bf16", "fp16"))  # bf16: autocast (fp32 master weights); fp16: CUDA only
+    precision: str = key("fp32", one_of("fp32", "bf16", "fp16", "auto"))  # bf16: autocast (fp32 master weights); fp16: CUDA only; auto: bf16 where the hardware has it
     lr: float = key(5e-4, positive())  # peak learning rate, reached at the end of warm-up
     schedule: str = key("inverse_sqrt", one_of("inverse_sqrt", "constant"))
     warmup: int = key(1000, at_least(0))

@@ -72,6 +72,7 @@ def test_evaluate_prints_scores_with_signatures(trained, tmp_path, capsys):
     code, out, err = cli(evaluate.main, [f"checkpoint={trained}", "split=test", f"hyp_out={tmp_path / 'hyp.txt'}"], capsys)
     assert code == 0, err
     assert "BLEU = " in out and "nrefs:1|case:mixed" in out and "chrF2 = " in out and "TER = " in out
+    assert "BLEU (lowercased) = " in out and "case:lc" in out  # for comparison with papers' tokenized lowercased BLEU
     assert len((tmp_path / "hyp.txt").read_text().splitlines()) == 100
 
 

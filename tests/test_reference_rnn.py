@@ -125,6 +125,7 @@ def encoder_output(cell: str, memory=MEMORY, mask=MASK, s0=S0, c0=C0) -> dict[st
 def assert_matches(dec, enc: dict, tokens: torch.Tensor, ref: dict[str, torch.Tensor]) -> None:
     """Teacher forcing and `step` both give the reference's logits (B, T, V) and attention (B, T, S), and
     after step t the state holds the reference's states ref[key][:, t] (B, H) ("h", "c", "feed")."""
+    enc = dec.prepare(enc)  # the attention keys, computed once per sentence as the search does
     with torch.no_grad():
         logits, attn = dec(tokens, enc, need_attn=True)
         torch.testing.assert_close(logits, ref["logits"], atol=1e-5, rtol=1e-5)
@@ -209,7 +210,7 @@ def test_bahdanau_first_step_worked_by_hand():
         "rnn.rnn.weight_ih_l0": torch.full((3, 2), 0.5), "rnn.rnn.weight_hh_l0": torch.full((3, 1), 0.5),
         "rnn.rnn.bias_ih_l0": torch.zeros(3), "rnn.rnn.bias_hh_l0": torch.zeros(3),
     })
-    enc = encoder_output("gru", memory=torch.tensor([[[-1.0], [-1.0 + half_ln3]]]), mask=torch.tensor([[True, True]]), s0=torch.tensor([[1.0]]))
+    enc = dec.prepare(encoder_output("gru", memory=torch.tensor([[[-1.0], [-1.0 + half_ln3]]]), mask=torch.tensor([[True, True]]), s0=torch.tensor([[1.0]])))
     with torch.no_grad():
         logits, state, attn = dec.step(torch.tensor([BOS]), enc, dec.init_state(enc))
     # e_0 = v_a tanh(W_a s_0 + U_a h_0) = 2 ln 3 * tanh(1 - 1) = 0
@@ -342,9 +343,9 @@ def test_luong_first_step_worked_by_hand():
         "rnn.rnn.bias_ih_l0": torch.zeros(4), "rnn.rnn.bias_hh_l0": torch.zeros(4),
     })
     ln3 = math.log(3)
-    enc = encoder_output(
+    enc = dec.prepare(encoder_output(
         "lstm", memory=torch.tensor([[[0.0], [2.5 * ln3]]]), mask=torch.tensor([[True, True]]), s0=torch.tensor([[3.0]]), c0=torch.tensor([[2 * ln3]])
-    )
+    ))
     with torch.no_grad():
         logits, state, attn = dec.step(torch.tensor([BOS]), enc, dec.init_state(enc))
     # all LSTM weights 0: i = f = o = sigma(0) = 0.5, g = tanh(0) = 0

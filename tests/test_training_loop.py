@@ -61,6 +61,16 @@ def test_fp16_needs_cuda_and_bf16_trains_on_a_cpu(toy_dir, cache, tmp_path):
     assert all(v.dtype == torch.float32 for v in weights.values() if v.is_floating_point())  # fp32 master weights
 
 
+def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypatch):
+    from nmt.training import precision
+
+    assert isinstance(precision.native_bf16(torch.device("cpu")), bool)
+    for native, expected in ((False, "fp32"), (True, "bf16")):
+        monkeypatch.setattr(precision, "native_bf16", lambda device, native=native: native)
+        assert precision.Precision("auto", torch.device("cpu")).name == expected
+    assert precision.Precision("fp32", torch.device("cpu")).name == "fp32"  # an explicit choice is kept as given
+
+
 @needs_fork
 def test_two_processes_reach_the_parameters_of_one_with_the_same_global_batch(toy_dir, cache, tmp_path):
     """torchrun's view, made by hand: RANK/WORLD_SIZE in the environment, gloo on CPU, 2 processes of 1 thread."""

@@ -26,8 +26,9 @@ def corpus_score(metric: str, hyps: list[str], refs: list[str]) -> Score:
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
     scorer = METRICS[metric]()
     result = scorer.corpus_score(hyps, [refs])
-    return Score(result.name, float(result.score), str(scorer.get_signature()))
+    name = "BLEU (lowercased)" if metric == "bleu_lc" else result.name
+    return Score(name, float(result.score), str(scorer.get_signature()))
 
 
-def corpus_scores(hyps: list[str], refs: list[str], metrics: tuple[str, ...] = ("bleu", "chrf", "ter")) -> list[Score]:
+def corpus_scores(hyps: list[str], refs: list[str], metrics: tuple[str, ...] = ("bleu", "chrf", "ter", "bleu_lc")) -> list[Score]:
     return [corpus_score(m, hyps, refs) for m in metrics]

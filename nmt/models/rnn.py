@@ -29,12 +29,18 @@ BRIDGES = ("bridge", "zero")
 
 
 def embedding(vocab: int, dim: int) -> nn.Embedding:
-    """Token embeddings, N(0, 1) (PyTorch's default), PAD's row zero.
+    """Token embeddings drawn from N(0, 1/dim), PAD's row zero.
 
-    Unit-scale inputs suit nn.GRU/nn.LSTM's default weights; Luong et al.'s uniform [-0.1, 0.1] made
-    the tiny models of the tests learn several times slower.
+    The target embeddings are usually tied to the output layer, so their scale sets the first logits':
+    with PyTorch's default N(0, 1) a 256-wide readout gives logits of standard deviation ~16 and the first
+    hundreds of updates go to shrinking them (Multi30k en-de, Bahdanau 256, 600 updates: validation loss
+    3.40 with N(0, 1), 2.95 with N(0, 1/256)).
     """
-    return nn.Embedding(vocab, dim, padding_idx=PAD)
+    emb = nn.Embedding(vocab, dim, padding_idx=PAD)
+    nn.init.normal_(emb.weight, std=dim**-0.5)
+    with torch.no_grad():
+        emb.weight[PAD].zero_()
+    return emb
 
 
 class Recurrent(nn.Module):

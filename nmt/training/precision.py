@@ -3,7 +3,9 @@
 bf16 and fp16 run the forward pass and the loss under `torch.autocast`: matrix products in the lower
 precision, while the weights, their gradients and Adam's moments stay fp32 (the "master weights").
 fp16's narrow exponent needs the loss scaled up before backward and the gradients scaled back before
-clipping (`torch.amp.GradScaler`); bf16 has fp32's exponent and needs no scaler.
+clipping (`torch.amp.GradScaler`); bf16 has fp32's exponent and needs no scaler. `auto` picks bf16 where
+the hardware multiplies bf16 natively (a CUDA GPU that supports it; a CPU with AVX512-BF16 or AMX) and
+fp32 elsewhere, where bf16 would be emulated and slower than fp32.
 """
 
 from __future__ import annotations
@@ -18,10 +20,32 @@ from nmt.errors import NmtError
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16 matrices in hardware."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:  # not Linux: no cheap way to tell, so stay exact
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """`auto` -> bf16 or fp32 for this device; any other name as given."""
+    if name == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    return name
+
+
 class Precision:
     """Autocast for the forward pass, and the gradient scaler's hooks around backward and the optimizer step."""
 
     def __init__(self, name: str, device: torch.device):
+        name = resolve_precision(name, device)
         if name == "fp16" and device.type != "cuda":
             raise NmtError(f"train.precision=fp16: needs a CUDA device (training on {device.type}); use bf16 on a CPU")
         self.name, self.device = name, device

@@ -84,7 +84,7 @@ class Trainer(CheckpointState, Validation):
         self._open_run_dir()
         n_params = sum(p.numel() for p in self.model.parameters())
         world = f", {self.dist.world} processes (torchrun)" if self.dist.enabled else ""
-        self.log(f"model: {cfg.model.arch}, {n_params:,} parameters; device {self.device}, {train.precision}{world}")
+        self.log(f"model: {cfg.model.arch}, {n_params:,} parameters; device {self.device}, {self.precision.name}{world}")
         self._warn_oversubscribed()
         if checkpoint is not None and cfg.resume is not None:
             self.restore(checkpoint)
@@ -282,7 +282,7 @@ class Trainer(CheckpointState, Validation):
             "skipped_updates": self.guard.total,
             "bleu_signature": self.bleu_signature,
             "decode": decode_settings(self.cfg.decode),
-            "precision": self.cfg.train.precision,
+            "precision": self.precision.name,
             "world_size": self.dist.world,
             "accumulate": self.cfg.train.accumulate,
         }
