@@ -1,11 +1,14 @@
 """Every recipe composes, builds its model and takes one training step."""
 
+import json
+
 import pytest
 import torch
 
 from nmt.cli.common import compose, group_options
 from nmt.data.batching import make_batch
 from nmt.models.seq2seq import build_model
+from tests.conftest import MULTI30K
 
 GROUPS = group_options()
 
@@ -56,3 +59,23 @@ def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
     assert cfg.baseline_name() in cfg.selected()
     for plan in plans[:: len(cfg.seeds)]:
         assert build_model(plan.config.model, 50, 50, joint=True) is not None
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")
+@pytest.mark.parametrize("name", [n for n in GROUPS["experiment"] if n.startswith("multi30k_") and n.endswith("_10min")])
+def test_ten_minute_multi30k_recipes_train_on_the_corpus_to_their_time_budget(name, tmp_path, tmp_path_factory, capsys):
+    """Each 10-minute recipe, with its budget cut to 3 seconds: it trains on the real corpus, stops on time, validates and
+    saves; the README's next step (nmt-average of the last checkpoints, then nmt-evaluate) takes what it wrote."""
+    from nmt.cli import average, train
+
+    cfg = compose("config", [f"experiment={name}"])
+    assert cfg.train.max_time == 10 and cfg.data.name == "multi30k_en_de" and cfg.train.precision == "auto"
+    cache = tmp_path_factory.getbasetemp() / "multi30k_cache"  # one tokenizer and encoding for the three recipes
+    run = tmp_path / "run"
+    argv = [f"experiment={name}", f"data.root={MULTI30K}", "data.vocab_size=2000", f"data.cache_dir={cache}", "train.max_time=0.05",
+            "train.save_every=2", "train.valid_bleu_sentences=4", "decode.max_len_a=0", "decode.max_len_b=3", "train.progress=false", f"run_dir={run}"]
+    assert train.main(argv) is None, capsys.readouterr().err
+    results = json.loads((run / "results.json").read_text())
+    assert results["timed_out"] and results["steps"] >= 1 and results["precision"] in ("bf16", "fp32")
+    assert average.main([f"run={run}", "last=2"]) is None, capsys.readouterr().err
+    assert (run / "checkpoints" / "average.pt").is_file()
