@@ -74,7 +74,7 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypa
 @needs_fork
 def test_two_processes_reach_the_parameters_of_one_with_the_same_global_batch(toy_dir, cache, tmp_path):
     """torchrun's view, made by hand: RANK/WORLD_SIZE in the environment, gloo on CPU, 2 processes of 1 thread."""
-    common = dict(max_steps=4, valid_every=100, save_every=100, lr=3e-3, warmup=2, batch_tokens=300)
+    common = dict(max_steps=4, valid_every=100, save_every=100, lr=3e-3, warmup=2, batch_tokens=300, threads=1)
     Trainer(tiny_config(toy_dir, cache, accumulate=2, **common), tmp_path / "one", log=lambda line: None).fit()  # builds the cache first
     port = 29500 + os.getpid() % 1000
     children = []
