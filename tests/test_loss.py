@@ -21,16 +21,18 @@ P_UNIFORM = [0.25] * 4
 
 
 class Scripted(torch.nn.Module):
-    """Stands in for the model: the k-th call returns the k-th logits (B, T, V), whatever the batch."""
+    """Stands in for the model: the k-th call returns the k-th logits (B, T, V), whatever the batch (rows
+    (N, V) of the live positions when the trainer passes them, as Seq2Seq does)."""
 
     def __init__(self, *logits: torch.Tensor):
         super().__init__()
         self.logits = torch.nn.ParameterList(torch.nn.Parameter(z.clone()) for z in logits)
         self.calls = 0
 
-    def forward(self, src, src_mask, tgt_in):
+    def forward(self, src, src_mask, tgt_in, live=None):
         self.calls += 1
-        return self.logits[self.calls - 1]
+        logits = self.logits[self.calls - 1]
+        return logits if live is None else logits[live]
 
 
 def logits_of(*rows: list[float]) -> torch.Tensor:
@@ -110,3 +112,55 @@ def test_a_padded_batch_has_the_loss_of_its_sentences_alone(trainer):
         alone = [trainer.loss(make_batch([s], [t]), 0.1, net=model) for s, t in pairs]
     assert float(together) == pytest.approx(float(sum(alone)), rel=1e-5)
     assert make_batch([s for s, _ in pairs], [t for _, t in pairs]).target_tokens == sum(len(t) + 1 for _, t in pairs)
+
+
+# --- the blockwise loss against torch's own -----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_blockwise_loss_and_gradient_equal_torch_cross_entropy(monkeypatch, dtype, eps):
+    """Value and gradient equal F.cross_entropy(label_smoothing=eps, reduction="sum") on float32 logits,
+    over several blocks with a ragged last one; the gradient comes back in the logits' dtype."""
+    from nmt.training import loss as loss_module
+
+    monkeypatch.setattr(loss_module, "BLOCK_ELEMENTS", 7 * 50)  # 7 rows a block: 23 rows = 3 full blocks and 2 rows
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(23, 50, generator=g) * 4).to(dtype)
+    target = torch.randint(0, 50, (23,), generator=g)
+    mine = logits.clone().requires_grad_()
+    ref = logits.float().requires_grad_()
+    got = loss_module.smoothed_cross_entropy(mine, target, eps)
+    want = torch.nn.functional.cross_entropy(ref, target, label_smoothing=eps, reduction="sum")
+    (2.5 * got).backward()
+    (2.5 * want).backward()
+    assert got.dtype == torch.float32
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-6)
+    assert mine.grad.dtype == dtype
+    torch.testing.assert_close(mine.grad.float(), ref.grad, atol=1e-6 if dtype == torch.float32 else 2e-2, rtol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_blockwise_loss_rejects_misshapen_inputs():
+    from nmt.training.loss import smoothed_cross_entropy
+
+    with pytest.raises(ValueError, match="logits .N, V. and target .N,."):
+        smoothed_cross_entropy(torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("arch", ["transformer", "bahdanau", "luong"])
+def test_logits_of_the_live_positions_are_those_of_the_full_forward(arch):
+    """Seq2Seq.forward(..., live) runs the output layer on the live positions only; they equal the full logits there."""
+    from nmt.config import ModelConfig
+    from nmt.models.seq2seq import build_model
+    from tests.conftest import random_batch
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch=arch, dim=16, layers=2, heads=2, ffn_dim=32, dropout=0.0, cell="lstm" if arch == "luong" else "gru")
+    model = build_model(cfg, 30, 30, joint=True).eval()
+    batch = random_batch(30)
+    live = batch.tgt_out != PAD
+    with torch.no_grad():
+        full = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+        rows = model(batch.src, batch.src_mask, batch.tgt_in, live)  # (N, V)
+    assert rows.shape == (int(live.sum()), 30)
+    torch.testing.assert_close(rows, full[live])

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from nmt.models.attention import Attention
+from nmt.models.dropout import Dropout
 from nmt.models.rnn import Recurrent, RNNDecoder
 from nmt.models.seq2seq import Enc, State
 
@@ -31,7 +32,7 @@ class BahdanauDecoder(RNNDecoder):
     def __init__(self, embed: nn.Embedding, vocab: int, cell: str, dim: int, layers: int, dropout: float, attention: Attention, tie_output: bool):
         super().__init__()
         embed_dim = embed.embedding_dim
-        self.embed, self.dropout, self.attention = embed, nn.Dropout(dropout), attention
+        self.embed, self.dropout, self.attention = embed, Dropout(dropout), attention
         self.rnn = Recurrent(cell, embed_dim + dim, dim, layers, dropout)
         self.readout = nn.Linear(dim + embed_dim + dim, 2 * embed_dim)  # [U_o V_o C_o] (and a bias)
         self.output = nn.Linear(embed_dim, vocab, bias=False)  # W_o
@@ -44,6 +45,5 @@ class BahdanauDecoder(RNNDecoder):
         context = context[:, 0]
         t_tilde = self.readout(torch.cat([s_prev, emb, context], -1))  # (B, 2E)
         t_i = t_tilde.view(t_tilde.size(0), -1, 2).amax(-1)  # (B, E) maxout
-        logits = self.output(self.dropout(t_i))  # (B, V)
         _, hidden = self.rnn(torch.cat([emb, context], -1)[:, None], state)  # s_i
-        return logits, {**state, **hidden, "t": state["t"] + 1}, attn[:, 0]
+        return self.dropout(t_i), {**state, **hidden, "t": state["t"] + 1}, attn[:, 0]  # logits: self.output of the first

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from nmt.models.attention import Attention
+from nmt.models.dropout import Dropout
 from nmt.models.rnn import Recurrent, RNNDecoder
 from nmt.models.seq2seq import Enc, State
 
@@ -30,7 +31,7 @@ class LuongDecoder(RNNDecoder):
         self, embed: nn.Embedding, vocab: int, cell: str, dim: int, layers: int, dropout: float, attention: Attention, input_feeding: bool, tie_output: bool
     ):
         super().__init__()
-        self.embed, self.dropout, self.attention, self.input_feeding = embed, nn.Dropout(dropout), attention, input_feeding
+        self.embed, self.dropout, self.attention, self.input_feeding = embed, Dropout(dropout), attention, input_feeding
         self.rnn = Recurrent(cell, embed.embedding_dim + (dim if input_feeding else 0), dim, layers, dropout)
         self.W_c = nn.Linear(2 * dim, dim, bias=False)
         self.output = nn.Linear(dim, vocab, bias=False)  # W_s
@@ -56,15 +57,16 @@ class LuongDecoder(RNNDecoder):
         new_state = {**state, **hidden, "t": state["t"] + 1}
         if self.input_feeding:
             new_state["feed"] = h_tilde[:, 0]
-        return self.output(self.dropout(h_tilde[:, 0])), new_state, attn[:, 0]
+        return self.dropout(h_tilde[:, 0]), new_state, attn[:, 0]  # logits: self.output of the first
 
-    def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Teacher forcing: logits (B, T, V), attention (B, T, S) if asked."""
+    def features(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher forcing: the output layer's input (B, T, H), attention (B, T, S) if asked; without input
+        feeding every h_t comes from one RNN call."""
         if self.input_feeding:
-            return super().forward(tgt_in, enc, need_attn)
+            return super().features(tgt_in, enc, need_attn)
         enc = self.prepare(enc)
         state = self.init_state(enc)
         h, _ = self.rnn(self.dropout(self.embed(tgt_in)), state)  # (B, T, H): every h_t in one call
         steps = torch.arange(tgt_in.size(1), device=tgt_in.device).expand(tgt_in.size(0), -1)  # (B, T)
         h_tilde, attn = self.attentional(h, enc, steps)
-        return self.output(self.dropout(h_tilde)), attn if need_attn else None
+        return self.dropout(h_tilde), attn if need_attn else None

@@ -22,6 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from nmt.data.tokenizer import PAD
 from nmt.errors import NmtError
 from nmt.models.attention import Attention, check_attention
+from nmt.models.dropout import Dropout
 from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
@@ -67,7 +68,7 @@ class RNNEncoder(nn.Module):
     def __init__(self, embed: nn.Embedding, cell: str, dim: int, layers: int, dropout: float, bidirectional: bool, bridge: str):
         super().__init__()
         self.directions = 2 if bidirectional else 1
-        self.embed, self.dropout, self.lstm = embed, nn.Dropout(dropout), cell == "lstm"
+        self.embed, self.dropout, self.lstm = embed, Dropout(dropout), cell == "lstm"
         self.rnn = CELLS[cell](
             embed.embedding_dim, dim // self.directions, layers, batch_first=True,
             dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional,
@@ -97,12 +98,12 @@ class RNNEncoder(nn.Module):
 class RNNDecoder(nn.Module):
     """The state layout, `step` and the teacher-forcing loop that Bahdanau's and Luong's decoders share.
 
-    A subclass sets embed, dropout, rnn (Recurrent), attention (Attention) and writes `advance`, one
-    step from an embedded previous token.
+    A subclass sets embed, dropout, rnn (Recurrent), attention (Attention), output (the output layer) and
+    writes `advance`, one step from an embedded previous token to the output layer's input.
     """
 
     embed: nn.Embedding
-    dropout: nn.Dropout
+    dropout: Dropout
     rnn: Recurrent
     attention: Attention
 
@@ -119,7 +120,7 @@ class RNNDecoder(nn.Module):
         return state
 
     def advance(self, emb: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
-        """Embedded previous tokens (B, E) -> logits (B, V), new state, attention (B, S)."""
+        """Embedded previous tokens (B, E) -> the output layer's input (B, E'), new state, attention (B, S)."""
         raise NotImplementedError
 
     def attend(self, query: torch.Tensor, enc: Enc, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,19 +134,29 @@ class RNNDecoder(nn.Module):
 
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
         """One token per sentence: prev (B,) -> logits (B, V), new state, attention (B, S)."""
-        return self.advance(self.dropout(self.embed(prev)), enc, state)
+        features, state, attn = self.advance(self.dropout(self.embed(prev)), enc, state)
+        return self.output(features), state, attn
 
-    def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Teacher forcing, one `advance` per position: logits (B, T, V), attention (B, T, S) if asked."""
+    def features(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher forcing, one `advance` per position: the output layer's input (B, T, E'), attention (B, T, S) if asked.
+
+        The output layer runs once, after the loop, on every position together (`forward`) or on the live
+        target positions only (training, `Seq2Seq.forward`): one large product instead of T small ones.
+        """
         enc = self.prepare(enc)
         state = self.init_state(enc)
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
-        logits, attn = [], []
+        features, attn = [], []
         for t in range(tgt_in.size(1)):
             out, state, weights = self.advance(emb[:, t], enc, state)
-            logits.append(out)
+            features.append(out)
             attn.append(weights)
-        return torch.stack(logits, 1), torch.stack(attn, 1) if need_attn else None
+        return torch.stack(features, 1), torch.stack(attn, 1) if need_attn else None
+
+    def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher forcing: logits (B, T, V), attention (B, T, S) if asked."""
+        features, attn = self.features(tgt_in, enc, need_attn)
+        return self.output(features), attn
 
 
 def check_rnn_names(cell: str, bridge: str, score: str, window: str, attention: str) -> None:

@@ -8,6 +8,8 @@ An encoder maps (src (B, S), src_mask (B, S)) to `Enc`, a dict of tensors with t
                               attention keys and values, prepared attention keys), computed once
     init_state(enc) -> State
     step(prev (R,), enc, state) -> (logits (R, V), State, attn (R, S))
+    features(tgt_in (B, T), enc, need_attn) -> (the output layer's input (B, T, E), attn (B, T, S) or None)
+    output                    the output layer, E -> V
     forward(tgt_in (B, T), enc, need_attn) -> (logits (B, T, V), attn (B, T, S) or None)
 `step` runs R = B * G rows, G per sentence, sentence-major (rows b*G .. b*G+G-1 belong to sentence b of
 `enc`): beam search keeps its K hypotheses of a sentence as K rows over one copy of the sentence's
@@ -62,10 +64,14 @@ class Seq2Seq(nn.Module):
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
         return self.decoder.step(prev, enc, state)
 
-    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V)."""
-        logits, _ = self.decoder(tgt_in, self.encoder(src, src_mask))
-        return logits
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V); with live (B, T) bool, those of the live positions only (N, V), row-major.
+
+        Training passes the real (non-padding) target positions as live: the output layer, the widest
+        product of a step, then skips the padding.
+        """
+        features, _ = self.decoder.features(tgt_in, self.encoder(src, src_mask))  # (B, T, E)
+        return self.decoder.output(features if live is None else features[live])
 
 
 def _build_transformer(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:

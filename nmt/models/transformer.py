@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nmt.models.dropout import Dropout, dropout as drop
 from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence
 
 
@@ -45,7 +46,7 @@ class Embedding(nn.Module):
         self.tokens = nn.Embedding(vocab, dim)
         nn.init.normal_(self.tokens.weight, std=dim**-0.5)
         self.dim = dim
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # the same values sinusoidal_positions gives for any slice (not saved: checkpoints are unchanged);
         # a decoding step reads its row instead of computing it (a dozen small operations)
         self.register_buffer("positions", sinusoidal_positions(POSITIONS, dim), persistent=False)
@@ -94,7 +95,7 @@ class MultiHeadAttention(nn.Module):
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             weights = scores.softmax(-1)
-            out = F.dropout(weights, dropout, self.training) @ v
+            out = drop(weights, dropout, self.training) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=self.scale)
             weights = None
@@ -104,7 +105,7 @@ class MultiHeadAttention(nn.Module):
 
 class FeedForward(nn.Sequential):
     def __init__(self, dim: int, ffn_dim: int, dropout: float):
-        super().__init__(nn.Linear(dim, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, dim))
+        super().__init__(nn.Linear(dim, ffn_dim), nn.ReLU(), Dropout(dropout), nn.Linear(ffn_dim, dim))
 
 
 class Residual(nn.Module):
@@ -114,7 +115,7 @@ class Residual(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(dim)
         self.pre = norm == "pre"
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
         if self.pre:
@@ -222,7 +223,7 @@ class TransformerDecoder(nn.Module):
         return [layer.cross_attn.keys_values(enc["memory"]) for layer in self.layers]
 
     def teacher_forced(self, tgt_in: torch.Tensor, enc: Enc, attn_layers: range) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, V) and the cross-attention of the layers asked for (B, len(attn_layers), N, T, S), or None."""
+        """The output layer's input (B, T, H) and the cross-attention of the layers asked for (B, len(attn_layers), N, T, S), or None."""
         x = self.embed(tgt_in)  # (B, T, H)
         src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
         maps = []
@@ -230,13 +231,18 @@ class TransformerDecoder(nn.Module):
             x, weights = layer(x, cross_kv, src_mask, i in attn_layers)
             if weights is not None:
                 maps.append(weights)  # (B, N, T, S)
-        return self.output(self.final_norm(x)), torch.stack(maps, 1) if maps else None
+        return self.final_norm(x), torch.stack(maps, 1) if maps else None
+
+    def features(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher forcing: the output layer's input (B, T, H) and, if asked, cross-attention reduced for plotting (B, T, S)."""
+        last = len(self.layers) - 1
+        features, maps = self.teacher_forced(tgt_in, enc, range(last, last + 1) if need_attn else range(0))
+        return features, reduce_attention(maps) if need_attn else None
 
     def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher forcing: logits (B, T, V) and, if asked, cross-attention reduced for plotting (B, T, S)."""
-        last = len(self.layers) - 1
-        logits, maps = self.teacher_forced(tgt_in, enc, range(last, last + 1) if need_attn else range(0))
-        return logits, reduce_attention(maps) if need_attn else None
+        features, attn = self.features(tgt_in, enc, need_attn)
+        return self.output(features), attn
 
     def attention_maps(self, tgt_in: torch.Tensor, enc: Enc) -> torch.Tensor:
         """Teacher-forced cross-attention of every layer and head (B, L, N, T, S)."""

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from nmt.config import Config, config_to_yaml
 from nmt.data.batching import Batch, token_batches
@@ -33,6 +32,7 @@ from nmt.models.seq2seq import build_model
 from nmt.runtime import resolve_device, seed_everything
 from nmt.training.checkpoint import checkpoint_tokenizer, load_weights, remove_stale_temporaries
 from nmt.training.distributed import Distributed
+from nmt.training.loss import smoothed_cross_entropy
 from nmt.training.precision import Precision
 from nmt.training.progress import Meter, Progress, RunLog
 from nmt.training.schedule import lr_multiplier
@@ -129,10 +129,9 @@ class Trainer(CheckpointState, Validation):
     # --- one update ----------------------------------------------------------------------------
     def loss(self, batch: Batch, smoothing: float, net: torch.nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy over the real (non-padding) target tokens; `net` defaults to the training one."""
-        logits = (net or self.net)(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
-        return F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)).float(), batch.tgt_out.reshape(-1), ignore_index=PAD, label_smoothing=smoothing, reduction="sum"
-        )
+        live = batch.tgt_out != PAD  # (B, T)
+        logits = (net or self.net)(batch.src, batch.src_mask, batch.tgt_in, live)  # (N, V), N real target tokens
+        return smoothed_cross_entropy(logits, batch.tgt_out[live], smoothing)
 
     def train_step(self, batches: list[Batch], total_tokens: int | None = None) -> float | None:
         """One update from this process's micro-batches; `total_tokens` counts the target tokens of all processes.
