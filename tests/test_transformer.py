@@ -122,3 +122,19 @@ def test_learns_the_toy_task(toy_dir, tmp_path):
     cfg.model.dim, cfg.model.ffn_dim, cfg.model.heads = 64, 128, 4
     results = Trainer(cfg, tmp_path / "run", log=lambda _: None).fit()
     assert results["valid_bleu"] > 25, results  # an untrained model scores about 0
+
+
+def test_explicit_attention_products_equal_sdpa(monkeypatch):
+    """On a CPU, bf16 and dropout take the explicit products (nmt.models.transformer.explicit_products); fp32
+    evaluation takes SDPA. With the same weights in float32 both give the same logits (causal and padding masks)."""
+    from nmt.models import transformer as T
+
+    model, batch = tiny(), random_batch()
+    with torch.no_grad():
+        sdpa = model(batch.src, batch.src_mask, batch.tgt_in)
+        with monkeypatch.context() as patch:
+            patch.setattr(T, "explicit_products", lambda q, dropout: True)
+            explicit = model(batch.src, batch.src_mask, batch.tgt_in)
+    assert not T.explicit_products(torch.zeros(1), 0.0) and T.explicit_products(torch.zeros(1, dtype=torch.bfloat16), 0.0)
+    assert T.explicit_products(torch.zeros(1), 0.1)
+    torch.testing.assert_close(explicit, sdpa, atol=1e-5, rtol=1e-5)

@@ -58,6 +58,16 @@ class Embedding(nn.Module):
         return self.dropout(x + pe)
 
 
+def explicit_products(q: torch.Tensor, dropout: float) -> bool:
+    """Whether attention on a CPU runs faster as explicit products than through F.scaled_dot_product_attention.
+
+    Measured on this project's shapes (scripts/bench_train.py): on a CPU, SDPA's bf16 kernel takes 3-6x longer
+    forward and backward than two bmm and a softmax, and with dropout SDPA falls back to a slower path with
+    torch's own dropout; SDPA stays faster in float32 without dropout (evaluation), and on GPUs.
+    """
+    return q.device.type == "cpu" and (q.dtype != torch.float32 or dropout > 0)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention; `scale=False` drops the 1/sqrt(D) factor."""
 
@@ -88,7 +98,7 @@ class MultiHeadAttention(nn.Module):
         """query (B, T, H), k/v (B, N, L, D), mask broadcastable to (B, N, T, L) -> (B, T, H), weights (B, N, T, L)."""
         q = self.split(self.q_proj(query))  # (B, N, T, D)
         dropout = self.dropout if self.training else 0.0
-        if need_weights:
+        if need_weights or explicit_products(q, dropout):
             scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, N, T, L)
             if causal:
                 mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
@@ -96,6 +106,7 @@ class MultiHeadAttention(nn.Module):
                 scores = scores.masked_fill(~mask, float("-inf"))
             weights = scores.softmax(-1)
             out = drop(weights, dropout, self.training) @ v
+            weights = weights if need_weights else None
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=self.scale)
             weights = None
