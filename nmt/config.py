@@ -224,11 +224,17 @@ class TranslateConfig:
     plot_n: int = key(10, at_least(0))
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = key("auto", DEVICE)
-    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default, one per core)
+    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default, one per core; 1 per worker with workers > 1)
+    workers: int = key(1, at_least(1))  # processes that search batches, each with its own copy of the model (CPU; see nmt/workers.py)
     progress: bool = True  # a bar over the input file's lines on stderr (when stderr is a terminal)
 
     def __post_init__(self) -> None:
         check_fields(self, "")
+        require(
+            self.workers == 1 or not self.decode.sampling,
+            f"workers={self.workers} with decode.sampling=true: each worker would draw from its own generator and the "
+            "samples would depend on which worker took a batch; expected workers=1 for sampling",
+        )
 
 
 @dataclass

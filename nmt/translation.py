@@ -66,6 +66,7 @@ class Translator:
         self.model, self.tokenizer, self.decode, self.device = model, tokenizer, decode, device
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
         self.generator = torch.Generator(device=device).manual_seed(decode.seed)
+        self.pool = None  # a nmt.workers.SearchPool: batches are then searched in its processes (nmt-translate workers=N)
 
     def search(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
         """Decode one batch of encoded sentences (in the given order); hypotheses best first."""
@@ -107,9 +108,11 @@ class Translator:
         report = progress or (lambda n: None)
         filled = [i for i, line in enumerate(lines) if line.strip()]
         report(len(lines) - len(filled))
+        batches = list(self.batches(ids, filled))
+        sources = ([ids[i] for i in batch] for batch in batches)
         with eval_mode(self.model):
-            for batch in self.batches(ids, filled):
-                for i, found in zip(batch, self.search([ids[i] for i in batch])):
+            for batch, searched in zip(batches, self.pool.search(sources) if self.pool else map(self.search, sources)):
+                for i, found in zip(batch, searched):
                     hyps[i] = found
                 report(len(batch))
         return [Translation(src, found) for src, found in zip(ids, hyps)]

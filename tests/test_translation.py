@@ -204,3 +204,35 @@ def test_decode_settings_are_checked_and_beam_fits_the_vocabulary():
     with pytest.raises(NmtError, match="decode.beam=9: wider than the 8 tokens the target vocabulary can emit"):
         Translator(None, Vocab(), DecodeConfig(beam=9), torch.device("cpu"))
     Translator(None, Vocab(), DecodeConfig(beam=8), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("decode", [["decode=greedy"], ["decode=beam", "decode.nbest=2"]])
+def test_worker_processes_give_the_output_of_one_process(decode, checkpoint, tmp_path, capsys):
+    """workers=2: batches searched in two processes come back in order; the file equals the one-process one, line for line."""
+    lines = mixed_lines() * 3
+    source = write(tmp_path / "in.txt", lines)
+    args = [*decode, "decode.batch_size=2", "chunk_size=7"]  # many batches, several chunks
+    code, err, one = run_translate(capsys, checkpoint, source, tmp_path, *args, output="one.txt")
+    assert code == 0, err
+    code, err, two = run_translate(capsys, checkpoint, source, tmp_path, *args, "workers=2", output="two.txt")
+    assert code == 0, err
+    assert two.read_text(encoding="utf-8") == one.read_text(encoding="utf-8")
+    assert "2 workers x 1 thread(s)" in err.strip().splitlines()[-1]
+
+
+def test_workers_with_sampling_or_a_broken_checkpoint_are_one_line_errors(checkpoint, tmp_path, capsys):
+    source = write(tmp_path / "in.txt", ["the cat"])
+    code, err, out = run_translate(capsys, checkpoint, source, tmp_path, "decode=sampling", "workers=2")
+    assert code == 2 and "workers=2 with decode.sampling=true" in err and err.count("\n") == 1
+    assert not out.exists()
+    code, err, _ = run_translate(capsys, checkpoint, source, tmp_path, "workers=0")
+    assert code == 2 and "workers" in err
+
+
+def test_a_worker_that_cannot_load_the_model_fails_the_run_instead_of_hanging(checkpoint, tmp_path):
+    """The pool's initializer keeps its error for the first search (a raising initializer would be restarted forever)."""
+    from nmt.workers import SearchPool
+
+    with SearchPool(str(tmp_path / "missing.pt"), DecodeConfig(), "cpu", workers=1, threads=1) as pool:
+        with pytest.raises(NmtError, match="missing.pt"):
+            list(pool.search([[[5, 6, 7]]]))
