@@ -30,7 +30,9 @@ Packed = list[tuple[list[int], float, float, np.ndarray]]  # a sentence's hypoth
 def _start(checkpoint: str, decode: DecodeConfig, device: str, threads: int) -> None:
     global _translator, _failure
     from nmt.cli.translate import load_translator
+    from nmt.memory import tune_allocator
 
+    tune_allocator()
     try:
         _translator, _ = load_translator(checkpoint, decode, device, threads)
     except BaseException as err:  # noqa: BLE001 - handed to the parent with the first batch

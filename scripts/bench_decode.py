@@ -175,6 +175,14 @@ def worker(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
     import torch
 
+    if job["engine"] == "nmt":  # the allocator set-up of the nmt CLIs (nmt.memory; a baseline commit without it runs without)
+        try:
+            from nmt.memory import tune_allocator
+
+            tune_allocator()
+        except ImportError:
+            pass
+
     torch.set_num_threads(job["threads"])
     result = ct2_worker(job) if job["engine"] == "ct2" else nmt_worker(job)
     result.setdefault("peak_mib", peak_mib())

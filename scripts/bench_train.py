@@ -28,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.cli.common import compose
 from nmt.data.batching import token_batches
+from nmt.memory import tune_allocator
 from nmt.training.trainer import Trainer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -120,6 +121,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--precisions", default="fp32", help="comma-separated: fp32, bf16, fp16 (CUDA)")
     args, overrides = parser.parse_known_args(argv)
+    tune_allocator()  # as nmt-train does (nmt.cli.common.run)
     cfg = compose("config", overrides + ["train.progress=false"])
     results = [bench(cfg, p, args.steps, args.warmup, args.runs) for p in args.precisions.split(",")]
     print(f"\n{results[0]['model']}, batch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}, device {results[0]['device']}")

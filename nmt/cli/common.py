@@ -13,6 +13,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from nmt.config import AverageConfig, CompareConfig, Config, EvaluateConfig, ExportConfig, ServeConfig, TranslateConfig, register_configs, to_object
 from nmt.errors import NmtError
+from nmt.memory import tune_allocator
 
 
 # The schema behind each top-level recipe, to list the valid keys when an override names an unknown one.
@@ -110,6 +111,7 @@ def run(main: Callable[[list[str]], int | None], argv: list[str] | None = None) 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get("NMT_DEBUG") == "1" or "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    tune_allocator()
     try:
         code = main(argv) or 0
     except NmtError as err:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import gzip
 import os
 import sys
@@ -20,6 +19,7 @@ from nmt.data.corpus import iter_lines
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
+from nmt.memory import release_freed_memory
 from nmt.models.ensemble import Ensemble
 from nmt.models.quantize import to_precision
 from nmt.models.seq2seq import Seq2Seq
@@ -145,15 +145,6 @@ def translate_stream(cfg: TranslateConfig, translator: Translator, lines: Iterat
         del results
         release_freed_memory()
     return sentences, tokens
-
-
-def release_freed_memory() -> None:
-    """Give the memory freed by a chunk back to the system (glibc keeps it in its heap, where chunks of
-    varied tensor sizes fragment it and the resident size creeps up over a long file); no-op elsewhere."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def main(argv: list[str]) -> int | None:

@@ -1,0 +1,35 @@
+"""The C library's memory allocator: keep freed memory for reuse while working, give it back between chunks."""
+
+from __future__ import annotations
+
+import ctypes
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: bigger blocks are still mapped and unmapped each time
+TRIM_THRESHOLD = 1 << 30
+
+
+def tune_allocator() -> None:
+    """Let glibc's malloc keep freed memory for the next tensors instead of handing it back to the system.
+
+    By default a block over 128 KiB-32 MiB (adaptive) is mapped fresh and unmapped when freed, and free
+    memory at the top of the heap is returned: every step of a search allocates its (rows, V) logits anew
+    and pays a page fault per 4 KiB to touch them again. Measured with scripts/bench_decode.py: beam search
+    about 10% faster. Memory that must go back (nmt-translate, after each chunk) is released explicitly by
+    `release_freed_memory`. No-op where the C library is not glibc.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
+
+
+def release_freed_memory() -> None:
+    """Give the memory freed so far back to the system (glibc keeps it in its heap, where blocks of varied
+    tensor sizes fragment it and the resident size creeps up over a long file); no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
