@@ -198,6 +198,15 @@ class DecodeConfig:
         require(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_a=0 and decode.max_len_b=0: no output could be produced; expected one of them positive")
 
 
+def check_workers(workers: int, decode: DecodeConfig) -> None:
+    """Worker processes search batches in any order of completion: fine for search, not for sampling's shared generator."""
+    require(
+        workers == 1 or not decode.sampling,
+        f"workers={workers} with decode.sampling=true: each worker would draw from its own generator and the "
+        "samples would depend on which worker took a batch; expected workers=1 for sampling",
+    )
+
+
 @dataclass
 class Config:
     """A training run (nmt-train, nmt-prepare)."""
@@ -230,11 +239,7 @@ class TranslateConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "")
-        require(
-            self.workers == 1 or not self.decode.sampling,
-            f"workers={self.workers} with decode.sampling=true: each worker would draw from its own generator and the "
-            "samples would depend on which worker took a batch; expected workers=1 for sampling",
-        )
+        check_workers(self.workers, self.decode)
 
 
 @dataclass
@@ -249,11 +254,13 @@ class EvaluateConfig:
     hyp_out: Optional[str] = None
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = key("auto", DEVICE)
-    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default)
+    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default; 1 per worker with workers > 1)
+    workers: int = key(1, at_least(1))  # processes that search batches, as nmt-translate's workers
     progress: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self, "")
+        check_workers(self.workers, self.decode)
 
 
 @dataclass

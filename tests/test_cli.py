@@ -76,6 +76,16 @@ def test_evaluate_prints_scores_with_signatures(trained, tmp_path, capsys):
     assert len((tmp_path / "hyp.txt").read_text().splitlines()) == 100
 
 
+def test_evaluate_with_worker_processes_scores_the_same_translation(trained, tmp_path, capsys):
+    args = [f"checkpoint={trained}", "split=test", "decode=beam", "decode.beam=3"]
+    code, one, err = cli(evaluate.main, args + [f"hyp_out={tmp_path / 'one.txt'}"], capsys)
+    assert code == 0, err
+    code, two, err = cli(evaluate.main, args + ["workers=2", f"hyp_out={tmp_path / 'two.txt'}"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "two.txt").read_text() == (tmp_path / "one.txt").read_text()
+    assert two == one  # the same scores, line for line
+
+
 def test_evaluate_scores_a_hypothesis_file(tmp_path, capsys):
     ref = write(tmp_path / "ref.txt", ["the cat sat on the mat", "a dog"])
     code, out, _ = cli(evaluate.main, [f"hyp={ref}", f"ref={ref}"], capsys)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from nmt.cli.common import compose, print_help, run
-from nmt.cli.translate import checkpoint_list, load_translator
+from nmt.cli.translate import checkpoint_list, load_translator, start_workers
 from nmt.config import Config, EvaluateConfig
 from nmt.data.corpus import read_lines
 from nmt.errors import NmtError
@@ -12,7 +14,7 @@ from nmt.fileio import atomic_open
 from nmt.translation import decode_settings
 
 USAGE = """
-usage: nmt-evaluate checkpoint=PATH[,PATH...] [split=test|valid|train] [hyp_out=FILE] [decode.beam=K] [decode.precision=bf16|int8]
+usage: nmt-evaluate checkpoint=PATH[,PATH...] [split=test|valid|train] [hyp_out=FILE] [decode.beam=K] [decode.precision=bf16|int8] [threads=N] [workers=N]
        nmt-evaluate checkpoint=PATH src=FILE ref=FILE [hyp_out=FILE]
        nmt-evaluate hyp=FILE ref=FILE
 
@@ -20,6 +22,7 @@ Translate a split of the data the model was trained on (or src=FILE) and score i
 references with sacrebleu; or score an existing translation (hyp=FILE). Several checkpoints separated
 by commas decode as an ensemble. Examples:
   nmt-evaluate checkpoint=runs/quickstart split=test
+  nmt-evaluate checkpoint=runs/quickstart split=test decode=beam workers=2     # 2 processes x 1 thread (CPU)
   nmt-evaluate hyp=runs/quickstart/test.hyp ref=data/toy/test.tgt
 """
 
@@ -54,9 +57,12 @@ def main(argv: list[str]) -> None:
     else:
         if cfg.checkpoint is None:
             raise NmtError("give checkpoint=PATH (a checkpoint or run dir), or hyp=FILE ref=FILE")
-        translator, train_cfg = load_translator(cfg.checkpoint, cfg.decode, cfg.device, cfg.threads)
+        threads = cfg.threads or (1 if cfg.workers > 1 else None)
+        translator, train_cfg = load_translator(cfg.checkpoint, cfg.decode, cfg.device, threads)
         src, refs = sources_and_refs(cfg, train_cfg)
-        hyps = translator.translate(src)
+        with ExitStack() as stack:
+            start_workers(translator, cfg.checkpoint, cfg.device, cfg.workers, threads, stack)
+            hyps = translator.translate(src)
         print(f"decode: {decode_settings(cfg.decode)}; {len(hyps)} sentences")
         if cfg.hyp_out is not None:
             with atomic_open(cfg.hyp_out, "w", key="hyp_out") as f:

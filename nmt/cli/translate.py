@@ -76,6 +76,17 @@ def load_translator(checkpoint: str, decode: DecodeConfig, device_name: str, thr
     return Translator(model, tokenizer, decode, device), train_cfg
 
 
+def start_workers(translator: Translator, checkpoint: str, device: str, workers: int, threads: int | None, stack: ExitStack) -> None:
+    """With workers > 1, the translator's batches are searched in that many processes (closed with `stack`)."""
+    if workers == 1:
+        return
+    if translator.device.type != "cpu":
+        raise NmtError(f"workers={workers} on {translator.device}: workers are processes for CPU cores; expected workers=1 on a GPU")
+    from nmt.workers import SearchPool
+
+    translator.pool = stack.enter_context(SearchPool(checkpoint, translator.decode, device, workers, threads or 1))
+
+
 def checkpoint_list(argv: list[str]) -> list[str]:
     """checkpoint=a.pt,b.pt kept as one value (Hydra reads an unquoted comma as a sweep over values)."""
     return [arg.replace(",", "\\,") if arg.startswith("checkpoint=") and arg[11:12] not in ("'", '"', "[") else arg for arg in argv]
@@ -153,16 +164,11 @@ def main(argv: list[str]) -> int | None:
     cfg = compose("translate", checkpoint_list(argv))
     threads = cfg.threads or (1 if cfg.workers > 1 else None)
     translator, _ = load_translator(cfg.checkpoint, cfg.decode, cfg.device, threads)
-    if cfg.workers > 1 and translator.device.type != "cpu":
-        raise NmtError(f"workers={cfg.workers} on {translator.device}: workers are processes for CPU cores; expected workers=1 on a GPU")
     lines = iter_lines(cfg.input)
     start = time.perf_counter()
     try:
         with ExitStack() as stack:
-            if cfg.workers > 1:
-                from nmt.workers import SearchPool
-
-                translator.pool = stack.enter_context(SearchPool(cfg.checkpoint, cfg.decode, cfg.device, cfg.workers, threads))
+            start_workers(translator, cfg.checkpoint, cfg.device, cfg.workers, threads, stack)
             out = stack.enter_context(atomic_open(cfg.output, "w", key="output")) if cfg.output else sys.stdout
             sentences, tokens = translate_stream(cfg, translator, lines, out, stack)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as other filters do
