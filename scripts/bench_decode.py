@@ -119,6 +119,10 @@ def nmt_worker(job: dict) -> dict:
     if job["precision"] != "fp32":
         settings["precision"] = job["precision"]
     translator = Translator(model, tokenizer, DecodeConfig(**settings), torch.device("cpu"))
+    if job.get("replicas", 1) > 1:  # nmt-translate workers=N: N processes of `threads` threads each search whole batches
+        from nmt.workers import SearchPool
+
+        translator.pool = SearchPool(job["checkpoint"], translator.decode, "cpu", job["replicas"], job["threads"])
 
     def decode(lines: list[str]) -> list[list[int]]:
         return [r.hyps[0].tokens if r.hyps else [] for r in translator.translate_lines(lines)]
@@ -126,6 +130,8 @@ def nmt_worker(job: dict) -> dict:
     result = timed(decode, job["lines"], job["runs"])
     result["peak_mib"] = peak_mib()  # before the extra runs below (the profiler's own memory would count)
     result["text"] = tokenizer.decode_tgt(result["outputs"])
+    if translator.pool:
+        translator.pool.close()
     if job.get("unbatched"):
         subset = job["lines"][: job["unbatched"]]
         alone = Translator(model, tokenizer, DecodeConfig(**{**settings, "batch_size": 1}), torch.device("cpu"))
@@ -149,7 +155,9 @@ def ct2_worker(job: dict) -> dict:
     joint = (folder / "sentencepiece.model").is_file()
     sp_src = spm.SentencePieceProcessor(model_file=str(folder / ("sentencepiece.model" if joint else "source.model")))
     sp = spm.SentencePieceProcessor(model_file=str(folder / ("sentencepiece.model" if joint else "target.model")))
-    translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=job["precision"], intra_threads=job["threads"])
+    replicas = job.get("replicas", 1)
+    translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=job["precision"], intra_threads=job["threads"],
+                                        inter_threads=replicas)
     fixed = job["fixed_len"]
 
     def decode(lines: list[str]) -> list[list[int]]:
@@ -157,13 +165,17 @@ def ct2_worker(job: dict) -> dict:
         pieces = [sp_src.encode(line, out_type=str) for line in lines]
         order = sorted(range(len(lines)), key=lambda i: len(pieces[i]))
         outputs: list[list[int]] = [[] for _ in lines]
+        pending = []  # with several replicas every batch is submitted at once (asynchronous) so that they all work
         for start in range(0, len(order), job["batch"]):
             batch = order[start : start + job["batch"]]
             longest = max(len(pieces[i]) for i in batch)
             limits = dict(min_decoding_length=fixed, max_decoding_length=fixed) if fixed else dict(max_decoding_length=int(1.5 * longest + 10), length_penalty=0.6)
-            results = translator.translate_batch([pieces[i] for i in batch], beam_size=job["beam"], suppress_sequences=[["<pad>"], ["<s>"]], **limits)
+            results = translator.translate_batch([pieces[i] for i in batch], beam_size=job["beam"], suppress_sequences=[["<pad>"], ["<s>"]],
+                                                 asynchronous=replicas > 1, **limits)
+            pending.append((batch, results))
+        for batch, results in pending:
             for i, r in zip(batch, results):
-                outputs[i] = [sp.piece_to_id(p) for p in r.hypotheses[0]]
+                outputs[i] = [sp.piece_to_id(p) for p in (r.result() if replicas > 1 else r).hypotheses[0]]
         return outputs
 
     result = timed(decode, job["lines"], job["runs"])
@@ -253,11 +265,16 @@ def bench_model(name: str, checkpoint: Path, lines: list[str], refs: list[str], 
           + ("  BLEU" if fixed_len is None else ""), flush=True)
     ct2_dir = export_ct2(checkpoint, work) if args.ct2 else None
     rows = ([("baseline", "fp32")] if baseline else []) + [("nmt", p) for p in args.precisions] + [("ct2", t) for t in args.ct2_types if ct2_dir]
+    if args.replicas > 1:  # the same precisions as `replicas` single-threaded processes (CTranslate2: inter_threads)
+        rows += [(f"nmt x{args.replicas}", p) for p in args.precisions] + [(f"ct2 x{args.replicas}", t) for t in args.ct2_types if ct2_dir]
     for beam in args.beams:
         common = dict(checkpoint=str(checkpoint), lines=lines, beam=beam, batch=args.batch, fixed_len=fixed_len, runs=args.runs, threads=args.threads)
         results = {}
         for engine, precision in rows:
-            job = {**common, "engine": "ct2" if engine == "ct2" else "nmt", "precision": precision, "ct2_dir": str(ct2_dir)}
+            replicated = engine.endswith(f" x{args.replicas}")
+            job = {**common, "engine": "ct2" if engine.startswith("ct2") else "nmt", "precision": precision, "ct2_dir": str(ct2_dir)}
+            if replicated:
+                job.update(threads=1, replicas=args.replicas)
             if engine == "nmt" and precision == "fp32":
                 job.update(unbatched=args.unbatched if beam > 1 else 0, profile=args.profile and beam > 1)
             results[engine, precision] = run_job(job, baseline if engine == "baseline" else ROOT, work)
@@ -305,6 +322,7 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="REV", help="also time the search of this git commit (fp32)")
     parser.add_argument("--ct2", action="store_true", help="also time the Transformer in CTranslate2")
     parser.add_argument("--ct2-types", nargs="+", default=["float32", "int8"], help="CTranslate2 compute types")
+    parser.add_argument("--replicas", type=int, default=1, help="also decode with N single-threaded processes (nmt-translate workers=N; CTranslate2 inter_threads=N)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's top operators (beam, fp32)")
     args = parser.parse_args()
     if args.worker:
