@@ -21,7 +21,10 @@ worker first runs the search of commit REV (its nmt/ extracted with `git archive
 gives each row's speed over the baseline's (wall clock) and how many outputs equal this code's fp32 ones. With --ct2 the
 Transformer is exported with nmt-export and timed in CTranslate2 (pip install ctranslate2) with the same
 batch size, beam, threads and output length. --unbatched N also decodes the first N sentences one at a
-time with beam 5 and checks that the batched outputs equal them. --profile prints torch.profiler's top
+time with beam 5 and checks that the batched outputs equal them. --replicas N adds rows "nmt xN"
+(nmt-translate workers=N: N spawned single-threaded processes, each with its own copy of the model, searching
+whole batches) and "ct2 xN" (CTranslate2 with inter_threads=N, intra_threads=1), timed by the wall clock;
+their CPU time and memory columns count the parent process only. --profile prints torch.profiler's top
 operators for beam 5 of each model.
 """
 
