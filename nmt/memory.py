@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ctypes
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-MMAP_THRESHOLD = 32 << 20  # glibc's largest: bigger blocks are still mapped and unmapped each time
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc mallopt parameters
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: bigger blocks are mapped and unmapped each time unless M_MMAP_MAX is 0
 TRIM_THRESHOLD = 1 << 30
 
 
@@ -15,13 +15,16 @@ def tune_allocator() -> None:
     By default a block over 128 KiB-32 MiB (adaptive) is mapped fresh and unmapped when freed, and free
     memory at the top of the heap is returned: every step of a search allocates its (rows, V) logits anew
     and pays a page fault per 4 KiB to touch them again. Measured with scripts/bench_decode.py: beam search
-    about 10% faster. Memory that must go back (nmt-translate, after each chunk) is released explicitly by
+    about 10% faster. Blocks over 32 MiB, which glibc maps whatever the threshold, come from the heap too
+    (M_MMAP_MAX 0): a bf16 Transformer update's 64 MiB logits and gradient cost ~35 ms of page faults each
+    otherwise (scripts/bench_train.py: about 5% more tokens/s). Memory that must go back (nmt-translate, after each chunk) is released explicitly by
     `release_freed_memory`. No-op where the C library is not glibc.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        libc.mallopt(M_MMAP_MAX, 0)  # blocks over 32 MiB too (a training step's (N, V) logits and their gradient)
     except (OSError, AttributeError):
         pass
 
