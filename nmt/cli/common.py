@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -69,6 +70,10 @@ def check_known_keys(obj: object, path: str = "") -> None:
             check_known_keys(value, f"{path}{name}.")
 
 
+_WRONG_TYPE = re.compile(r"Error merging override (\S+=.*?): Value .* (?:could not be converted to|is not a valid) (\w+)")
+_TYPE_WORDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false", "bool": "true or false"}
+
+
 def compose_error(err: Exception, config_name: str) -> str:
     """One line for a composition error: the key, what is wrong, and for an unknown key the valid ones."""
     cause = err.__cause__ if isinstance(err.__cause__, OmegaConfBaseException) else err
@@ -83,6 +88,9 @@ def compose_error(err: Exception, config_name: str) -> str:
     message = _one_line(str(err))
     if cause is not err:
         message += f": {str(cause).splitlines()[0]}"
+    if wrong_type := _WRONG_TYPE.match(message):  # "Error merging override K=V: Value 'V' of type 'str' could not be converted to Integer"
+        override, wanted = wrong_type.groups()
+        return f"{override}: expected {_TYPE_WORDS.get(wanted, wanted.lower())}"
     return message
 
 
