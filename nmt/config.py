@@ -340,9 +340,9 @@ class CompareConfig:
         check_fields(self, "")
         require(self.over_attended > self.under_attended, f"over_attended={self.over_attended}: expected more than under_attended={self.under_attended}")
         require(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0, f"seeds={self.seeds}: expected distinct seeds >= 0")
-        known = ", ".join(self.overrides) or "none defined (give experiment=NAME, or overrides.NAME=[...])"
+        known = f"expected one of {', '.join(self.overrides)}" if self.overrides else "none are defined: give experiment=compare_NAME (recipes/experiment/compare_*.yaml), or overrides.NAME=[...]"
         for name in self.variants + ([self.baseline] if self.baseline else []):
-            require(name in self.overrides, f"variants: no variant named '{name}'; expected one of {known}")
+            require(name in self.overrides, f"variants: no variant named '{name}'; {known}")
 
     def selected(self) -> list[str]:
         """The variants this comparison runs, in order."""

@@ -290,6 +290,13 @@ def test_evaluate_line_count_mismatch(tmp_path, capsys):
     one_error_line(code, err, f"error: {tmp_path}/h.txt has 2 lines but {tmp_path}/r.txt has 1; they must match")
 
 
+def test_evaluate_empty_files(tmp_path, capsys):
+    (tmp_path / "h.txt").write_text("")
+    (tmp_path / "r.txt").write_text("")
+    code, _, err = cli(evaluate.main, [f"hyp={tmp_path}/h.txt", f"ref={tmp_path}/r.txt"], capsys)
+    one_error_line(code, err, f"error: {tmp_path}/r.txt: no lines; expected one reference per line to score against")
+
+
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):
     from nmt.cli.common import run
     from nmt.errors import NmtError

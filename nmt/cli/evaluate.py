@@ -27,6 +27,14 @@ by commas decode as an ensemble. Examples:
 """
 
 
+def check_pair(first: str, lines: list[str], ref: str, refs: list[str]) -> None:
+    """Line i of `first` goes with line i of `ref`: the counts must match, and there must be something to score."""
+    if len(lines) != len(refs):
+        raise NmtError(f"{first} has {len(lines)} lines but {ref} has {len(refs)}; they must match")
+    if not refs:
+        raise NmtError(f"{ref}: no lines; expected one reference per line to score against")
+
+
 def sources_and_refs(cfg: EvaluateConfig, train_cfg: Config) -> tuple[list[str], list[str]]:
     """src/ref files when given, else the split of the checkpoint's own data config."""
     from nmt.data.dataset import read_split
@@ -35,8 +43,7 @@ def sources_and_refs(cfg: EvaluateConfig, train_cfg: Config) -> tuple[list[str],
         if cfg.src is None or cfg.ref is None:
             raise NmtError("src and ref go together: give both files, or neither to use split=")
         src, ref = read_lines(cfg.src), read_lines(cfg.ref)
-        if len(src) != len(ref):
-            raise NmtError(f"{cfg.src} has {len(src)} lines but {cfg.ref} has {len(ref)}; they must match")
+        check_pair(cfg.src, src, cfg.ref, ref)
         return src, ref
     text = read_split(train_cfg.data, cfg.split)
     if text is None:
@@ -52,8 +59,7 @@ def main(argv: list[str]) -> None:
         if cfg.ref is None:
             raise NmtError("hyp=FILE needs ref=FILE")
         hyps, refs = read_lines(cfg.hyp), read_lines(cfg.ref)
-        if len(hyps) != len(refs):
-            raise NmtError(f"{cfg.hyp} has {len(hyps)} lines but {cfg.ref} has {len(refs)}; they must match")
+        check_pair(cfg.hyp, hyps, cfg.ref, refs)
     else:
         if cfg.checkpoint is None:
             raise NmtError("give checkpoint=PATH (a checkpoint or run dir), or hyp=FILE ref=FILE")
