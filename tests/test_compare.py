@@ -130,6 +130,8 @@ def test_mistakes_are_one_line(toy_dir, tmp_path, capsys):
     args = compare_args(toy_dir, tmp_path / "report")
     code, _, err = cli(compare.main, args + ["variants=transformer,lstm"], capsys)
     one_error_line(code, err, "error: variants: no variant named 'lstm'; expected one of transformer,")
+    code, _, err = cli(compare.main, ["variants=lstm", f"out={tmp_path}/none"], capsys)  # no experiment: no variants at all
+    one_error_line(code, err, "error: variants: no variant named 'lstm'; none are defined: give experiment=compare_NAME")
     code, _, err = cli(compare.main, args + ["overrides.transformer=[model=transformer,data.max_len=50]"], capsys)
     one_error_line(code, err, "error: variant luong_local_p: data.max_len=80 but transformer has 50; every variant must share the data")
     code, _, err = cli(compare.main, ["report_only=true", f"out={tmp_path}/nothing"], capsys)

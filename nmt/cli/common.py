@@ -71,7 +71,7 @@ def check_known_keys(obj: object, path: str = "") -> None:
 
 
 _WRONG_TYPE = re.compile(r"Error merging override (\S+=.*?): Value .* (?:could not be converted to|is not a valid) (\w+)")
-_TYPE_WORDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false", "bool": "true or false"}
+_TYPE_WORDS = {"Integer": "a whole number", "Float": "a number", "bool": "true or false"}
 
 
 def compose_error(err: Exception, config_name: str) -> str:
