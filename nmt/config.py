@@ -150,7 +150,7 @@ class TrainConfig:
     accumulate: int = key(1, at_least(1))  # batches per update: the update of an N-times larger batch
     precision: str = key("fp32", one_of("fp32", "bf16", "fp16", "auto"))  # bf16: autocast (fp32 master weights); fp16: CUDA only; auto: bf16 where the hardware has it
     lr: float = key(5e-4, positive())  # peak learning rate, reached at the end of warm-up
-    schedule: str = key("inverse_sqrt", one_of("inverse_sqrt", "constant"))
+    schedule: str = key("inverse_sqrt", one_of("inverse_sqrt", "constant", "cosine"))
     warmup: int = key(1000, at_least(0))
     label_smoothing: float = key(0.1, in_range(0, 1))
     clip_norm: float = key(1.0, at_least(0))  # gradient norm limit (0: no clipping)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nmt.errors import NmtError
-from nmt.training.schedule import constant, inverse_sqrt, lr_multiplier
+from nmt.training.schedule import constant, cosine, inverse_sqrt, lr_multiplier
 from nmt.training.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -49,9 +49,22 @@ def test_constant_ramps_then_holds():
     assert [constant(0)(n - 1) for n in range(1, 5)] == [1.0] * 4
 
 
+def test_cosine_worked_by_hand():
+    """Warm-up 2 in a run of 10 updates: n / 2 for n = 1, 2; then 0.5 (1 + cos(pi (n - 2) / 8)) for n = 3..10,
+    so the last update (n = 10) runs at rate 0 and the middle one (n = 6) at half the peak.
+
+    Fails if the decay ignored the warm-up, ended before or after train.max_steps, or went below 0 past it."""
+    f = cosine(2, 10)
+    expected = {n: n / 2 if n <= 2 else 0.5 * (1 + math.cos(math.pi * (n - 2) / 8)) for n in range(1, 11)}
+    assert {n: f(n - 1) for n in expected} == pytest.approx(expected, abs=1e-12)
+    assert f(5) == pytest.approx(0.5) and f(9) == pytest.approx(0.0, abs=1e-12) and f(50) == pytest.approx(0.0, abs=1e-12)
+    assert cosine(0, 4)(0) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))  # no warm-up: decays from the first update
+    assert lr_multiplier("cosine", 2, 10)(5) == f(5)
+
+
 def test_unknown_schedule_lists_the_valid_ones():
-    with pytest.raises(NmtError, match="train.schedule=cosine: unknown; expected one of inverse_sqrt, constant"):
-        lr_multiplier("cosine", 10)
+    with pytest.raises(NmtError, match="train.schedule=linear: unknown; expected one of inverse_sqrt, constant, cosine"):
+        lr_multiplier("linear", 10, 100)
 
 
 def test_the_trainers_nth_update_uses_the_scheduled_rate(toy_dir, toy_cache, tmp_path):

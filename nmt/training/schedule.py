@@ -19,10 +19,27 @@ def constant(warmup: int) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
 
-SCHEDULES = {"inverse_sqrt": inverse_sqrt, "constant": constant}
+def cosine(warmup: int, total: int) -> Callable[[int], float]:
+    """Linear warm-up to 1 over `warmup` steps, then half a cosine down to 0 at update `total` (train.max_steps).
+
+    Loshchilov & Hutter 2017 without restarts: the rate reaches zero when the run ends, so the last checkpoints
+    settle instead of staying noisy as with inverse_sqrt's long tail."""
+    warmup = max(0, min(warmup, total - 1))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        done = min(1.0, (step + 1 - warmup) / max(1, total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * done))
+
+    return factor
 
 
-def lr_multiplier(name: str, warmup: int) -> Callable[[int], float]:
+SCHEDULES = {"inverse_sqrt": inverse_sqrt, "constant": constant, "cosine": cosine}
+
+
+def lr_multiplier(name: str, warmup: int, total: int) -> Callable[[int], float]:
+    """The multiplier of schedule `name` for `warmup` warm-up updates in a run of `total` updates (train.max_steps)."""
     if name not in SCHEDULES:
         raise NmtError(f"train.schedule={name}: unknown; expected one of {', '.join(SCHEDULES)}")
-    return SCHEDULES[name](warmup)
+    return cosine(warmup, total) if name == "cosine" else SCHEDULES[name](warmup)

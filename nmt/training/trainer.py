@@ -70,7 +70,7 @@ class Trainer(CheckpointState, Validation):
             load_weights(self.model, checkpoint)  # before the run dir exists: a mismatch leaves nothing behind
         self.net = self.dist.wrap(self.model, self.device)  # what training calls: DDP averages its gradients
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.lr, betas=(0.9, 0.98), eps=1e-9, fused=True)  # one kernel for all weights
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(train.schedule, train.warmup))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(train.schedule, train.warmup, train.max_steps))
         self.translator = Translator(self.model, tok, cfg.decode, self.device)
         self.step = self.epoch = self.batch_in_epoch = 0
         self.batching = (train.batch_tokens, train.seed)  # the current epoch's batches were made with these
