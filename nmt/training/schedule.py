@@ -35,11 +35,16 @@ def cosine(warmup: int, total: int) -> Callable[[int], float]:
     return factor
 
 
-SCHEDULES = {"inverse_sqrt": inverse_sqrt, "constant": constant, "cosine": cosine}
+# name -> multiplier for (warm-up updates, the run's updates); only cosine needs the run's length
+SCHEDULES: dict[str, Callable[[int, int], Callable[[int], float]]] = {
+    "inverse_sqrt": lambda warmup, total: inverse_sqrt(warmup),
+    "constant": lambda warmup, total: constant(warmup),
+    "cosine": cosine,
+}
 
 
 def lr_multiplier(name: str, warmup: int, total: int) -> Callable[[int], float]:
     """The multiplier of schedule `name` for `warmup` warm-up updates in a run of `total` updates (train.max_steps)."""
     if name not in SCHEDULES:
         raise NmtError(f"train.schedule={name}: unknown; expected one of {', '.join(SCHEDULES)}")
-    return cosine(warmup, total) if name == "cosine" else SCHEDULES[name](warmup)
+    return SCHEDULES[name](warmup, total)
