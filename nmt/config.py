@@ -93,6 +93,10 @@ class DataConfig:
     spm_model: str = key("unigram", one_of("unigram", "bpe"))
     spm_sample: int = key(500_000, in_range(1, 2_000_000, high_open=False))  # the tokenizer trains on a seeded sample of at most this many sentences (unigram: ~2 KB of memory each)
     joint_vocab: bool = True
+    # SentencePiece sampling of the training pairs, afresh each epoch (0 = off): for BPE the merge-dropout probability
+    # (BPE-dropout, 0.1 usual), for unigram the smoothing alpha (subword regularization); valid/test/translation never sample
+    src_subword_alpha: float = key(0.0, in_range(0, 1, high_open=False))
+    tgt_subword_alpha: float = key(0.0, in_range(0, 1, high_open=False))
     cache_dir: str = "data/cache"
     num_proc: int = key(2, at_least(1))  # processes that encode a corpus (datasets.map); a split under 2,000 pairs uses one
 

@@ -70,21 +70,28 @@ class Rows:
         return (np.concatenate(pieces) if pieces else np.zeros(0, np.int64)), lengths
 
 
-class Split:
+class EncodedPairs:
+    """Source and target rows of subword ids, what batching reads: their lengths, and padded batches of them."""
+
+    def __init__(self, src_rows: Rows, tgt_rows: Rows):
+        self.src_rows, self.tgt_rows = src_rows, tgt_rows
+
+    def lengths(self) -> tuple[list[int], list[int]]:
+        """Source and target lengths in subword tokens (without EOS/BOS), what batching needs."""
+        return self.src_rows.lengths().tolist(), self.tgt_rows.lengths().tolist()
+
+    def batch(self, indices: Sequence[int]) -> Batch:
+        """The padded batch of these pairs."""
+        return rows_batch(self.src_rows.gather(indices), self.tgt_rows.gather(indices))
+
+
+class Split(EncodedPairs):
     """One encoded split, memory-mapped from the Arrow cache; the raw text is kept for BLEU references and messages."""
 
     def __init__(self, ids: Any, text: Any):  # datasets.Dataset: columns src_ids, tgt_ids; and src_text, tgt_text
         self.src_ids, self.tgt_ids = Column(ids.data.column("src_ids")), Column(ids.data.column("tgt_ids"))
         self.src_text, self.tgt_text = Column(text.data.column("src_text")), Column(text.data.column("tgt_text"))
-        self._src_rows, self._tgt_rows = Rows(self.src_ids.array), Rows(self.tgt_ids.array)
+        super().__init__(Rows(self.src_ids.array), Rows(self.tgt_ids.array))
 
     def __len__(self) -> int:
         return len(self.src_ids)
-
-    def lengths(self) -> tuple[list[int], list[int]]:
-        """Source and target lengths in subword tokens (without EOS/BOS), what batching needs."""
-        return self._src_rows.lengths().tolist(), self._tgt_rows.lengths().tolist()
-
-    def batch(self, indices: Sequence[int]) -> Batch:
-        """The padded batch of these pairs."""
-        return rows_batch(self._src_rows.gather(indices), self._tgt_rows.gather(indices))

@@ -25,6 +25,7 @@ import torch
 from nmt.config import Config, config_to_yaml
 from nmt.data.batching import Batch, token_batches
 from nmt.data.dataset import prepare_data
+from nmt.data.sampling import sampled_pairs
 from nmt.data.tokenizer import PAD
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
@@ -79,13 +80,16 @@ class Trainer(CheckpointState, Validation):
         self.last_valid: dict[str, float] = {}
         self.bleu_signature: str | None = None
         self.timed_out = False
-        train_split = self.data.splits["train"]
-        self.src_lens, self.tgt_lens = train_split.lengths()
+        self.train_pairs = self.data.splits["train"]  # this epoch's encoding of the training pairs (resampled with data.*_subword_alpha)
+        self.src_lens, self.tgt_lens = self.train_pairs.lengths()  # in the cache's encoding: what identifies the pairs on resume
+        self.epoch_lens = (self.src_lens, self.tgt_lens)  # in this epoch's encoding: what batching reads
         self._open_run_dir()
         n_params = sum(p.numel() for p in self.model.parameters())
         world = f", {self.dist.world} processes (torchrun)" if self.dist.enabled else ""
         self.log(f"model: {cfg.model.arch}, {n_params:,} parameters; device {self.device}, {self.precision.name}{world}")
         self._warn_oversubscribed()
+        if cfg.data.src_subword_alpha or cfg.data.tgt_subword_alpha:
+            self.log(f"data: training subwords sampled afresh each epoch (alpha: source {cfg.data.src_subword_alpha}, target {cfg.data.tgt_subword_alpha})")
         if checkpoint is not None and cfg.resume is not None:
             self.restore(checkpoint)
         elif checkpoint is not None:
@@ -177,9 +181,16 @@ class Trainer(CheckpointState, Validation):
 
     # --- the data position ---------------------------------------------------------------------
     def epoch_batches(self) -> list[list[int]]:
-        """The current epoch's batches (example indices); they depend only on the batching settings and the epoch."""
+        """The current epoch's batches (example indices); they depend only on the batching settings and the epoch.
+
+        With subword sampling on, the epoch's pairs are first tokenized afresh (seeded by train.seed and the epoch).
+        """
         batch_tokens, seed = self.batching
-        return token_batches(self.src_lens, self.tgt_lens, batch_tokens, seed, self.epoch)
+        alphas = (self.cfg.data.src_subword_alpha, self.cfg.data.tgt_subword_alpha)
+        if any(alphas):
+            self.train_pairs = sampled_pairs(self.data.splits["train"], self.data.tokenizer, alphas, seed, self.epoch)
+            self.epoch_lens = self.train_pairs.lengths()
+        return token_batches(*self.epoch_lens, batch_tokens, seed, self.epoch)
 
     def next_group(self) -> list[list[int]] | None:
         """The batches of the next update (accumulate x processes, fewer at an epoch's end); None at an epoch's end."""
@@ -195,7 +206,7 @@ class Trainer(CheckpointState, Validation):
 
     def my_batches(self, group: list[list[int]]) -> list[Batch]:
         """This process's share of an update's batches; a process left without one gets a batch that counts for nothing."""
-        split = self.data.splits["train"]
+        split = self.train_pairs
         mine = group[self.dist.rank :: self.dist.world]
         if mine:
             return [split.batch(indices) for indices in mine]
@@ -241,7 +252,7 @@ class Trainer(CheckpointState, Validation):
             if group is None:
                 continue
             t0 = time.perf_counter()
-            tokens = sum(self.tgt_lens[i] + 1 for indices in group for i in indices)  # + EOS: every process's target tokens
+            tokens = sum(self.epoch_lens[1][i] + 1 for indices in group for i in indices)  # + EOS: every process's target tokens
             loss = self.train_step(self.my_batches(group), tokens)
             if loss is None:
                 continue
