@@ -72,6 +72,18 @@ def test_new_batching_starts_with_the_next_epoch(small_corpus, tmp_path, capsys,
     assert len(seen[1]) > len(seen[0])  # epoch 1 is cut into the new, smaller batches
 
 
+def test_subword_sampling_turned_on_starts_with_the_next_epoch(small_corpus, tmp_path, capsys, monkeypatch):
+    seen = record_batches(monkeypatch)
+    run_dir = tmp_path / "run"
+    assert _run(run_args(small_corpus) + ["train.max_steps=5", "train.save_every=5", f"run_dir={run_dir}"]) == 0
+    code, out, err = cli(train.main, [f"resume={run_dir}", "data.src_subword_alpha=0.3", "train.max_epochs=2", "train.max_steps=1000"], capsys)
+    assert code == 0, err
+    assert "resume: train.batch_tokens/seed 256/7 -> 256/7, subword alphas 0.0/0.0 -> 0.3/0.0 from epoch 1" in out
+    for epoch in (0, 1):  # every pair exactly once per epoch, across the two runs
+        assert sorted(i for batch in seen[epoch] for i in batch) == list(range(240)), epoch
+    assert len(seen[1]) > len(seen[0])  # epoch 1 is sampled: longer pairs, more batches
+
+
 def test_other_training_pairs_mid_epoch_are_refused(stopped, tmp_path, capsys):
     run_dir = copy(stopped, tmp_path)
     code, _, err = cli(train.main, [f"resume={run_dir}", "data.max_len=6"], capsys)

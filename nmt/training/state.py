@@ -7,7 +7,7 @@ from its last checkpoint repeats the uninterrupted run bit for bit on CPU.
 
 A resumed run does what `resume: setting differs` prints, from the next update on:
 - train.lr, train.schedule, train.warmup: the new peak rate and schedule, at the step reached;
-- train.batch_tokens, train.seed: the current epoch keeps its batches (so no pair is skipped or seen
+- train.batch_tokens, train.seed, data.src/tgt_subword_alpha: the current epoch keeps its batches (so no pair is skipped or seen
   twice), the new batching starts with the next epoch;
 - training data that encode to other pairs: refused mid-epoch (the position would point elsewhere);
 - train.early_stop_metric: refused (best.pt and patience were ranked by the old metric; see cli/train.py).
@@ -42,7 +42,7 @@ class CheckpointState:
             "scheduler": self.scheduler.state_dict(),
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
-            "batching": {"batch_tokens": self.batching[0], "seed": self.batching[1]},
+            "batching": {"batch_tokens": self.batching[0], "seed": self.batching[1], "subword_alphas": list(self.batching[2])},
             "pairs": pairs_fingerprint(self.src_lens, self.tgt_lens),
             "elapsed": self.elapsed(),
             "stopping": self.stopping.state(),
@@ -95,7 +95,8 @@ class CheckpointState:
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
             raise NmtError(f"{where}: its training state is incomplete or corrupt ({type(err).__name__}: {err})") from None
         if saved_batching is not None:
-            self.batching = (int(saved_batching["batch_tokens"]), int(saved_batching["seed"]))
+            alphas = tuple(float(a) for a in saved_batching.get("subword_alphas", (0.0, 0.0)))  # none before sampling existed
+            self.batching = (int(saved_batching["batch_tokens"]), int(saved_batching["seed"]), alphas)
         self._check_pairs(state.get("pairs"), where)
         self._apply_schedule()
         self.saved_step = self.step
@@ -103,10 +104,12 @@ class CheckpointState:
         if self.dist.main and self.stopping.best and (best := folder / step_name(self.stopping.best[0][0])).is_file():
             link_checkpoint(best, folder / BEST)  # a killed run may have moved best.pt past this checkpoint
         self.log(f"resumed from {where} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
-        now = (self.cfg.train.batch_tokens, self.cfg.train.seed)
+        now = self.batching_now()
         if now != self.batching and self.batch_in_epoch > 0:
+            (tokens, seed, alphas), (new_tokens, new_seed, new_alphas) = self.batching, now
+            subwords = f", subword alphas {alphas[0]}/{alphas[1]} -> {new_alphas[0]}/{new_alphas[1]}" if alphas != new_alphas else ""
             self.log(
-                f"resume: train.batch_tokens/seed {self.batching[0]}/{self.batching[1]} -> {now[0]}/{now[1]} from epoch {self.epoch + 1}; "
+                f"resume: train.batch_tokens/seed {tokens}/{seed} -> {new_tokens}/{new_seed}{subwords} from epoch {self.epoch + 1}; "
                 f"epoch {self.epoch} finishes with its own batches, so no pair is skipped or repeated"
             )
         elif self.batch_in_epoch == 0:

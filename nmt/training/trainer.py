@@ -74,7 +74,7 @@ class Trainer(CheckpointState, Validation):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(train.schedule, train.warmup, train.max_steps))
         self.translator = Translator(self.model, tok, cfg.decode, self.device)
         self.step = self.epoch = self.batch_in_epoch = 0
-        self.batching = (train.batch_tokens, train.seed)  # the current epoch's batches were made with these
+        self.batching = self.batching_now()  # the current epoch's batches were made with these
         self.elapsed_before = 0.0  # seconds of training in earlier runs of a resumed run
         self.saved_step: int | None = None  # the step of checkpoints/last.pt
         self.last_valid: dict[str, float] = {}
@@ -185,18 +185,21 @@ class Trainer(CheckpointState, Validation):
 
         With subword sampling on, the epoch's pairs are first tokenized afresh (seeded by train.seed and the epoch).
         """
-        batch_tokens, seed = self.batching
-        alphas = (self.cfg.data.src_subword_alpha, self.cfg.data.tgt_subword_alpha)
+        batch_tokens, seed, alphas = self.batching
         if any(alphas):
             self.train_pairs = sampled_pairs(self.data.splits["train"], self.data.tokenizer, alphas, seed, self.epoch)
             self.epoch_lens = self.train_pairs.lengths()
         return token_batches(*self.epoch_lens, batch_tokens, seed, self.epoch)
 
+    def batching_now(self) -> tuple[int, int, tuple[float, float]]:
+        """The settings an epoch's batches are made with: train.batch_tokens, train.seed, the subword alphas."""
+        return self.cfg.train.batch_tokens, self.cfg.train.seed, (self.cfg.data.src_subword_alpha, self.cfg.data.tgt_subword_alpha)
+
     def next_group(self) -> list[list[int]] | None:
         """The batches of the next update (accumulate x processes, fewer at an epoch's end); None at an epoch's end."""
         if self.batch_in_epoch >= len(self._batches):
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-            self.batching = (self.cfg.train.batch_tokens, self.cfg.train.seed)  # a change on resume starts here
+            self.batching = self.batching_now()  # a change on resume starts here
             self._batches = self.epoch_batches()
             return None
         n = self.cfg.train.accumulate * self.dist.world
