@@ -3,8 +3,9 @@
 Adam with a warm-up schedule, label-smoothed cross-entropy over the real target tokens, gradient
 clipping, periodic validation (loss, perplexity, BLEU and chrF with the same search as nmt-translate),
 step checkpoints, early stopping, and limits on steps, epochs and wall-clock time (train.max_time).
-Beside it: progress.py (what the user sees), precision.py (fp32/bf16/fp16), distributed.py (torchrun
-and DDP), validation.py (scoring and ranking), state.py (what a checkpoint holds for exact resume).
+Beside it: position.py (the batches of each epoch and update), progress.py (what the user sees),
+precision.py (fp32/bf16/fp16), distributed.py (torchrun and DDP), validation.py (scoring and ranking),
+state.py (what a checkpoint holds for exact resume).
 
 One update takes `train.accumulate` batches per process; the loss is summed over all of them (on all
 processes) and divided by their target tokens, so the update equals that of one batch holding them all.
@@ -23,9 +24,8 @@ from typing import Callable
 import torch
 
 from nmt.config import Config, config_to_yaml
-from nmt.data.batching import Batch, token_batches
+from nmt.data.batching import Batch
 from nmt.data.dataset import prepare_data
-from nmt.data.sampling import sampled_pairs
 from nmt.data.tokenizer import PAD
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
@@ -34,6 +34,7 @@ from nmt.runtime import resolve_device, seed_everything
 from nmt.training.checkpoint import checkpoint_tokenizer, load_weights, remove_stale_temporaries
 from nmt.training.distributed import Distributed
 from nmt.training.loss import smoothed_cross_entropy
+from nmt.training.position import DataPosition
 from nmt.training.precision import Precision
 from nmt.training.progress import Meter, Progress, RunLog
 from nmt.training.schedule import lr_multiplier
@@ -43,7 +44,7 @@ from nmt.training.validation import Validation
 from nmt.translation import Translator, decode_settings
 
 
-class Trainer(CheckpointState, Validation):
+class Trainer(CheckpointState, Validation, DataPosition):
     """Trains cfg.model on cfg.data into run_dir.
 
     With a loaded `checkpoint`, its tokenizer and weights are used; with cfg.resume set, its training
@@ -178,43 +179,6 @@ class Trainer(CheckpointState, Validation):
                 f"(train.max_bad_steps={self.cfg.train.max_bad_steps}), training stopped at epoch {self.epoch} batch {self.batch_in_epoch}; "
                 f"last good checkpoint: {last}; lower train.lr or check the data"
             )
-
-    # --- the data position ---------------------------------------------------------------------
-    def epoch_batches(self) -> list[list[int]]:
-        """The current epoch's batches (example indices); they depend only on the batching settings and the epoch.
-
-        With subword sampling on, the epoch's pairs are first tokenized afresh (seeded by train.seed and the epoch).
-        """
-        batch_tokens, seed, alphas = self.batching
-        if any(alphas):
-            self.train_pairs = sampled_pairs(self.data.splits["train"], self.data.tokenizer, alphas, seed, self.epoch)
-            self.epoch_lens = self.train_pairs.lengths()
-        return token_batches(*self.epoch_lens, batch_tokens, seed, self.epoch)
-
-    def batching_now(self) -> tuple[int, int, tuple[float, float]]:
-        """The settings an epoch's batches are made with: train.batch_tokens, train.seed, the subword alphas."""
-        return self.cfg.train.batch_tokens, self.cfg.train.seed, (self.cfg.data.src_subword_alpha, self.cfg.data.tgt_subword_alpha)
-
-    def next_group(self) -> list[list[int]] | None:
-        """The batches of the next update (accumulate x processes, fewer at an epoch's end); None at an epoch's end."""
-        if self.batch_in_epoch >= len(self._batches):
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-            self.batching = self.batching_now()  # a change on resume starts here
-            self._batches = self.epoch_batches()
-            return None
-        n = self.cfg.train.accumulate * self.dist.world
-        group = self._batches[self.batch_in_epoch : self.batch_in_epoch + n]
-        self.batch_in_epoch += len(group)
-        return group
-
-    def my_batches(self, group: list[list[int]]) -> list[Batch]:
-        """This process's share of an update's batches; a process left without one gets a batch that counts for nothing."""
-        split = self.train_pairs
-        mine = group[self.dist.rank :: self.dist.world]
-        if mine:
-            return [split.batch(indices) for indices in mine]
-        batch = split.batch(group[0])
-        return [Batch(batch.src, batch.src_mask, batch.tgt_in, torch.full_like(batch.tgt_out, PAD))]  # zero loss, zero gradient
 
     # --- the loop ------------------------------------------------------------------------------
     def elapsed(self) -> float:
