@@ -1,5 +1,5 @@
 """Subword sampling (BPE-dropout, unigram subword regularization): each epoch tokenizes the training pairs
-afresh, reproducibly, into other segmentations of the very same text; validation never samples."""
+afresh, reproducibly, into other segmentations of the very same text."""
 
 import numpy as np
 import pytest

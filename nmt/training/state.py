@@ -7,8 +7,8 @@ from its last checkpoint repeats the uninterrupted run bit for bit on CPU.
 
 A resumed run does what `resume: setting differs` prints, from the next update on:
 - train.lr, train.schedule, train.warmup: the new peak rate and schedule, at the step reached;
-- train.batch_tokens, train.seed, data.src/tgt_subword_alpha: the current epoch keeps its batches (so no pair is skipped or seen
-  twice), the new batching starts with the next epoch;
+- train.batch_tokens, train.seed, data.src/tgt_subword_alpha: the current epoch keeps its batches (so no
+  pair is skipped or seen twice), the new batching starts with the next epoch;
 - training data that encode to other pairs: refused mid-epoch (the position would point elsewhere);
 - train.early_stop_metric: refused (best.pt and patience were ranked by the old metric; see cli/train.py).
 Every other training or decoding setting simply applies from then on.
