@@ -3,16 +3,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RUN := runs/quickstart
+PIP := $(BIN)/pip install -q --disable-pip-version-check
 
-.PHONY: quickstart test venv clean
+.PHONY: quickstart test venv lint docs install-check clean
 
 venv: $(VENV)/.installed
 
 # torch==2.13.0 first: it is the CPU wheel on this machine's disk; any looser request pulls a CUDA build.
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]'
 	touch $@
 
 # nmt-train refuses a run dir that holds checkpoints (resume= continues one), so a second quickstart starts afresh.
@@ -25,5 +26,18 @@ quickstart: venv
 test: venv
 	$(BIN)/python -m pytest -q tests
 
+# ruff (configured in pyproject.toml): lint and formatting.
+lint: venv
+	$(BIN)/ruff check nmt tests scripts
+	$(BIN)/ruff format --check nmt tests scripts
+
+# The manual (MkDocs, docs/), built as CI builds it.
+docs: venv
+	$(BIN)/mkdocs build --strict -d build/site
+
+# The wheel, installed non-editable into a fresh virtual environment and run from an empty folder outside the checkout.
+install-check: venv
+	bash scripts/install_check.sh $(PYTHON)
+
 clean:
-	rm -rf $(VENV) runs outputs data/toy data/cache
+	rm -rf $(VENV) runs outputs data/toy data/cache build dist

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from nmt.errors import NmtError
+from nmt.models.checks import check_model_config
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class ModelConfig:
     norm: str = key("pre", one_of("pre", "post"))  # transformer: layer norm before or after each sub-layer
     scale: bool = True  # transformer: divide attention scores by sqrt(d_head)
     tie_embeddings: bool = True  # target input/output; source too when the vocabulary is joint
+    embed_scale: bool = True  # RNN: embeddings read out times sqrt(E) (nmt.models.rnn.ScaledEmbedding); false: as stored
     # --- RNN encoder-decoders (bahdanau, luong) ---
     embed_dim: Optional[int] = key(None, at_least(1))  # token embedding size (None: same as dim)
     cell: str = "lstm"  # gru | lstm
@@ -137,8 +139,6 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         """An unknown name, a value out of range or an impossible combination fails at composition."""
-        from nmt.models.seq2seq import check_model_config
-
         check_fields(self, "model.")
         check_model_config(self)
 
@@ -149,7 +149,8 @@ class TrainConfig:
 
     max_steps: int = key(10000, at_least(1))
     max_epochs: Optional[int] = key(None, at_least(1))
-    max_time: Optional[float] = key(None, positive())  # minutes of wall-clock: stop at the first update past it (validate, save, results.json)
+    max_time: Optional[float] = key(None, positive())  # minutes of training (validation and saving not counted): stop at the first update past it
+    budget_clock: str = key("wall", one_of("wall", "cpu"))  # what train.max_time counts: wall-clock seconds, or this process's CPU seconds
     batch_tokens: int = key(4096, at_least(1))  # padded tokens per batch (per process with torchrun)
     accumulate: int = key(1, at_least(1))  # batches per update: the update of an N-times larger batch
     precision: str = key("fp32", one_of("fp32", "bf16", "fp16", "auto"))  # bf16: autocast (fp32 master weights); fp16: CUDA only; auto: bf16 where the hardware has it
@@ -194,7 +195,7 @@ class DecodeConfig:
     max_src_len: int = key(1024, at_least(1))  # longer sources are cut to this many subword tokens, with a warning
     batch_size: int = key(64, at_least(1))  # sentences per batch
     batch_tokens: int = key(32768, at_least(1))  # and at most this many beam rows x padded source tokens per batch
-    precision: str = key("fp32", one_of("fp32", "bf16", "int8"))  # nmt-translate/nmt-evaluate: linear layers in bf16 or int8 (nmt/models/quantize.py); validation stays fp32
+    precision: str = key("fp32", one_of("fp32", "bf16", "int8"))  # linear layers in bf16 or int8 for every search (nmt/models/quantize.py): translate, evaluate, serve, validation, nmt-compare
 
     def __post_init__(self) -> None:
         check_fields(self, "decode.")
@@ -314,6 +315,23 @@ class ServeConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """What each run's job asks SLURM for (nmt-compare launcher=slurm, through submitit)."""
+
+    partition: Optional[str] = None  # None: the cluster's default partition
+    gpus_per_node: int = key(1, at_least(0))
+    cpus_per_task: int = key(4, at_least(1))
+    mem_gb: Optional[float] = key(None, positive())
+    timeout_min: int = key(240, at_least(1))  # the job's time limit (also submitit_local's)
+    array_parallelism: int = key(16, at_least(1))  # jobs of the array running at once
+    account: Optional[str] = None
+    constraint: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, "slurm.")
+
+
+@dataclass
 class CompareConfig:
     """nmt-compare: train named variants on the same data, budget and decoding, then decode the test set and report.
 
@@ -330,14 +348,16 @@ class CompareConfig:
     seeds: list[int] = field(default_factory=lambda: [1])  # train.seed values; every variant runs with each
     baseline: Optional[str] = None  # the variant the others are tested against (default, or when not among `variants`: the first)
     report_only: bool = False  # rebuild the report from the runs in OUT, training nothing
-    bootstrap: int = key(1000, at_least(1))  # paired bootstrap resamples (sacrebleu's paired test)
-    bootstrap_seed: int = key(12345, at_least(0))  # the resampling seed (sacrebleu's default)
+    bootstrap: int = key(1000, at_least(1))  # draws of the paired cluster bootstrap over test sentences
+    bootstrap_seed: int = key(12345, at_least(1))  # the seed of the bootstrap's draws (numpy)
     align: Optional[str] = None  # gold word alignments of the test set (Pharaoh i-j); default: the test prefix + .align if it exists
     heatmap_lines: list[int] = field(default_factory=list)  # test lines (from 0) drawn as heat maps; empty: 3 picked by length
     length_buckets: int = key(5, at_least(1))  # BLEU by source length: this many buckets of about equal size
     under_attended: float = key(0.5, at_least(0))  # coverage: a source token with less attention mass than this is under-attended
     over_attended: float = key(2.0, positive())  # ... and with more than this, over-attended
     jobs: int = key(1, at_least(1))  # runs trained at once, each in its own process (e.g. 2 single-thread runs on 2 cores)
+    launcher: str = key("local", one_of("local", "submitit_local", "slurm"))  # local: `jobs` processes here; slurm: a job per run
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     progress: bool = True  # a bar over the whole comparison when stderr is a terminal
 
     def __post_init__(self) -> None:

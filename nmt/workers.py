@@ -29,7 +29,7 @@ Packed = list[tuple[list[int], float, float, np.ndarray]]  # a sentence's hypoth
 
 def _start(checkpoint: str, decode: DecodeConfig, device: str, threads: int) -> None:
     global _translator, _failure
-    from nmt.cli.translate import load_translator
+    from nmt.api import load_translator
     from nmt.memory import tune_allocator
 
     tune_allocator()

@@ -116,7 +116,7 @@ def baseline(args: argparse.Namespace, sentences: list[str]) -> tuple[float, flo
     """The same sentences translated in this process at once, as nmt-translate does: (wall, CPU) seconds."""
     import torch
 
-    from nmt.cli.translate import load_translator
+    from nmt.api import load_translator
 
     torch.set_num_threads(args.threads)
     translator, _ = load_translator(args.checkpoint, DecodeConfig(beam=args.beam), "cpu")

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from sacrebleu.metrics import BLEU
 
-from nmt.cli.translate import load_translator
+from nmt.api import load_translator
 from nmt.config import DecodeConfig
 from nmt.data.dataset import read_split
 

@@ -97,3 +97,21 @@ def test_defaults_pass_their_own_checks():
     for schema in (Config, TranslateConfig, EvaluateConfig, AverageConfig, CompareConfig, ExportConfig):
         assert schema.__dataclass_fields__  # constructing the defaults runs every check
     Config(data=DataConfig(train="x"))
+
+
+def test_the_composition_checks_know_the_builders_names():
+    """nmt.models.checks (torch-free, run by the config) lists exactly the names the builders look up."""
+    from nmt.models import attention, checks, rnn, seq2seq
+
+    assert set(checks.ARCHS) == set(seq2seq.BUILDERS)
+    assert set(checks.SCORES) == set(attention.SCORES)
+    assert set(checks.CELLS) == set(rnn.CELLS)
+
+
+def test_the_config_does_not_import_the_model_zoo():
+    import subprocess
+    import sys
+
+    code = "import sys, nmt.config; print(sorted(m for m in sys.modules if m.startswith(('torch', 'nmt.models.'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['nmt.models.checks']"

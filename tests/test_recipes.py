@@ -57,8 +57,21 @@ def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
     plans = plan_runs(cfg, tmp_path)  # every variant's nmt-train config; they share the data, budget and decoding (or this raises)
     assert len(cfg.selected()) >= 12 and len(plans) == len(cfg.selected()) * len(cfg.seeds)
     assert cfg.baseline_name() in cfg.selected()
-    for plan in plans[:: len(cfg.seeds)]:
-        assert build_model(plan.config.model, 50, 50, joint=True) is not None
+    built = {}
+    for plan in plans:
+        if plan.variant not in built:
+            model = build_model(plan.config.model, 50, 50, joint=True)
+            built[plan.variant] = (plan.config.model, sum(p.numel() for p in model.parameters()))
+    assert list(built) == cfg.selected()  # every variant, in the experiment's order
+    assert [p.variant for p in plans[: len(built)]] == cfg.selected() and {p.seed for p in plans[: len(built)]} == {cfg.seeds[0]}  # seed by seed
+    assert len({m.dim for m, _ in built.values()}) == 1  # one model width for every variant
+    for name, (model, parameters) in built.items():
+        assert parameters > 1000, name
+        overrides = " ".join(cfg.overrides[name])
+        expected_arch = "transformer" if "transformer" in overrides else "bahdanau" if "bahdanau" in overrides else "luong"
+        assert model.arch == expected_arch, name
+        if "model.score=" in overrides:
+            assert f"model.score={model.score}" in overrides, name
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")

@@ -111,7 +111,8 @@ def cell_step(cell: str, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor | Non
 # --- running a decoder ----------------------------------------------------------------------------
 def decoder(**overrides) -> torch.nn.Module:
     """A 1-layer decoder without dropout and with its own output matrix (the encoder is not used)."""
-    cfg = ModelConfig(**({"dim": H, "layers": 1, "dropout": 0.0, "bidirectional": False, "tie_embeddings": False} | overrides))
+    # the papers' equations read E y as stored: the readout scale (model.embed_scale) is checked on its own below
+    cfg = ModelConfig(**({"dim": H, "layers": 1, "dropout": 0.0, "bidirectional": False, "tie_embeddings": False, "embed_scale": False} | overrides))
     return build_model(cfg, V, V, joint=False).decoder.eval()
 
 
@@ -397,7 +398,7 @@ def test_encoder_reads_each_sentence_both_ways_and_bridges_its_final_states(cell
     per = dim // (2 if bidirectional else 1)
     P = {"E": fixed(V, E, seed=50), "W_b": fixed(dim, dim, seed=51), "b_W_b": fixed(dim, seed=52), "W_bc": fixed(dim, dim, seed=53), "b_W_bc": fixed(dim, seed=54)}
     P["fwd"], P["bwd"] = cell_weights(cell, E, per, seed=60), cell_weights(cell, E, per, seed=70)
-    cfg = ModelConfig(arch="luong", cell=cell, dim=dim, embed_dim=E, layers=1, dropout=0.0, bidirectional=bidirectional, bridge="bridge" if bridge else "zero",
+    cfg = ModelConfig(arch="luong", cell=cell, dim=dim, embed_dim=E, layers=1, dropout=0.0, bidirectional=bidirectional, bridge="bridge" if bridge else "zero", embed_scale=False,
         tie_embeddings=False)
     encoder = build_model(cfg, V, V, joint=False).encoder.eval()
     params = {"embed.weight": P["E"]} | cell_params(cell, "rnn", P["fwd"])
@@ -415,3 +416,17 @@ def test_encoder_reads_each_sentence_both_ways_and_bridges_its_final_states(cell
         enc = encoder(src, mask)
     for key, value in ref.items():
         torch.testing.assert_close(enc[key], value, atol=1e-5, rtol=1e-5, msg=key)
+
+
+def test_embeddings_read_out_times_sqrt_e_and_the_tied_output_uses_them_as_stored():
+    """model.embed_scale (the default): the lookup is sqrt(E) * E[y]; the output layer shares the stored rows."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="luong", dim=16, embed_dim=16, layers=1, dropout=0.0, tie_embeddings=True)
+    model = build_model(cfg, 20, 20, joint=True)
+    emb = model.decoder.embed
+    tokens = torch.tensor([[5, 7, PAD]])
+    torch.testing.assert_close(emb(tokens), 4.0 * emb.weight[tokens])  # sqrt(16) = 4
+    assert model.decoder.output.weight is emb.weight and float(emb.weight[PAD].detach().abs().sum()) == 0.0
+    assert abs(float(emb.weight[4:].detach().std()) - 16**-0.5) < 0.05  # stored N(0, 1/E)
+    plain = build_model(ModelConfig(arch="luong", dim=16, embed_dim=16, layers=1, dropout=0.0, embed_scale=False), 20, 20, joint=True)
+    torch.testing.assert_close(plain.decoder.embed(tokens), plain.decoder.embed.weight[tokens])

@@ -174,8 +174,8 @@ def copy_accuracy(name: str, steps: int) -> float:
 
 @pytest.mark.parametrize("name", SOFT)
 def test_soft_attention_learns_to_copy(name):
-    accuracy = copy_accuracy(name, steps=90)
-    assert accuracy > 0.6, accuracy  # 0.76-1.0 when written
+    accuracy = copy_accuracy(name, steps=120)
+    assert accuracy > 0.6, accuracy  # 0.76-1.0 at 90 steps when written, before the embeddings' readout scale
 
 
 def test_hard_attention_learns_to_copy():

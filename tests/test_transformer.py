@@ -5,7 +5,6 @@ from tests.conftest import random_batch as shared_random_batch
 
 from nmt.config import ModelConfig
 from nmt.data.batching import make_batch
-from nmt.data.tokenizer import BOS
 from nmt.models.seq2seq import build_model
 from nmt.search import greedy_search
 

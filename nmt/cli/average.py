@@ -6,6 +6,7 @@ from pathlib import Path
 
 from nmt.cli.common import compose, print_help, run
 from nmt.errors import NmtError
+from nmt.fileio import check_outputs
 
 USAGE = """
 usage: nmt-average run=RUN_DIR [last=N] [output=FILE]
@@ -19,7 +20,7 @@ The result translates like any checkpoint. Example:
 
 
 def main(argv: list[str]) -> None:
-    from nmt.training.checkpoint import FORMAT, VERSION, average_weights, checkpoint_config, load_checkpoint, step_checkpoints, write_payload
+    from nmt.training.checkpoint import FORMAT, average_weights, checkpoint_config, load_checkpoint, step_checkpoints, write_payload
 
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
@@ -31,6 +32,8 @@ def main(argv: list[str]) -> None:
     if len(found) < cfg.last:
         raise NmtError(f"last={cfg.last}: {cfg.run} has only {len(found)} step checkpoints (train.keep_last sets how many a run keeps)")
     paths = list(found.values())[-cfg.last :]
+    output = Path(cfg.output) if cfg.output is not None else folder / "average.pt"
+    check_outputs({"run": ",".join(map(str, paths))}, {"output": output})
     payloads = [load_checkpoint(p) for p in paths]
     newest_model = checkpoint_config(payloads[-1]).model
     for payload in payloads[:-1]:
@@ -40,7 +43,7 @@ def main(argv: list[str]) -> None:
     newest = payloads[-1]
     averaged = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": min(p.get("version", 1) for p in payloads),  # the weights' meaning is the inputs'
         "model": average_weights(payloads),
         "config": newest["config"],
         "tokenizer": newest["tokenizer"],
@@ -48,7 +51,6 @@ def main(argv: list[str]) -> None:
         "train_state": None,
         "averaged": [f"{Path(p).name}" for p in paths],
     }
-    output = Path(cfg.output) if cfg.output is not None else folder / "average.pt"
     write_payload(output, averaged, key="output")
     print(f"averaged {', '.join(averaged['averaged'])} into {output}")
 

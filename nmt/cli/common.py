@@ -21,9 +21,24 @@ from nmt.memory import tune_allocator
 SCHEMAS = {"config": Config, "translate": TranslateConfig, "evaluate": EvaluateConfig, "average": AverageConfig, "serve": ServeConfig, "compare": CompareConfig, "export": ExportConfig}
 
 
+PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # nmt/recipes, installed with the package
+
+
 def recipes_dir() -> Path:
-    """The recipes folder: $NMT_RECIPES, else `recipes/` beside the package."""
-    return Path(os.environ.get("NMT_RECIPES") or Path(__file__).resolve().parents[2] / "recipes")
+    """The recipes that come with the package (nmt/recipes)."""
+    if not (PACKAGED_RECIPES / "config.yaml").is_file():
+        raise NmtError(f"the packaged recipes are missing ({PACKAGED_RECIPES}); reinstall the package: pip install --force-reinstall nmt-attention")
+    return PACKAGED_RECIPES
+
+
+def user_recipe_dirs() -> list[Path]:
+    """Folders of the user's own recipes: $NMT_RECIPES, paths separated by ':' (searched after the packaged ones,
+    so they add recipes, e.g. DIR/experiment/mine.yaml for experiment=mine, rather than replace them)."""
+    dirs = [Path(p).expanduser() for p in os.environ.get("NMT_RECIPES", "").split(os.pathsep) if p.strip()]
+    for folder in dirs:
+        if not folder.is_dir():
+            raise NmtError(f"NMT_RECIPES={os.environ['NMT_RECIPES']}: {folder} is not a folder; expected folders of recipes (GROUP/NAME.yaml)")
+    return dirs
 
 
 def _one_line(message: str) -> str:
@@ -41,8 +56,9 @@ def compose(config_name: str, overrides: list[str]):
     register_configs()
     check_group_choices(overrides)
     try:
+        searchpath = [f"hydra.searchpath=[{','.join('file://' + str(p.resolve()) for p in user_recipe_dirs())}]"] if user_recipe_dirs() else []
         with initialize_config_dir(str(recipes_dir()), version_base="1.3", job_name="nmt"):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+            cfg = hydra_compose(config_name=config_name, overrides=searchpath + overrides)
         obj = to_object(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         raise NmtError(compose_error(err, config_name)) from None
@@ -95,13 +111,13 @@ def compose_error(err: Exception, config_name: str) -> str:
 
 
 def group_options() -> dict[str, list[str]]:
-    """The choices of each recipe group (recipes/<group>/<name>.yaml)."""
-    root = recipes_dir()
-    return {
-        group.name: sorted(p.stem for p in group.glob("*.yaml"))
-        for group in sorted(root.iterdir())
-        if group.is_dir()
-    }
+    """The choices of each recipe group (GROUP/NAME.yaml in the packaged recipes and the user's folders)."""
+    groups: dict[str, set[str]] = {}
+    for root in [recipes_dir(), *user_recipe_dirs()]:
+        for group in root.iterdir():
+            if group.is_dir() and not group.name.startswith(("_", ".")):
+                groups.setdefault(group.name, set()).update(p.stem for p in group.glob("*.yaml"))
+    return {name: sorted(choices) for name, choices in sorted(groups.items())}
 
 
 def print_help(usage: str) -> None:

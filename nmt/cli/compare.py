@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -18,7 +18,8 @@ from nmt.errors import NmtError
 from nmt.training.progress import duration
 
 USAGE = """
-usage: nmt-compare experiment=NAME [out=DIR] [variants=a,b] [seeds=1,2] [baseline=NAME] [KEY=VALUE ...]
+usage: nmt-compare experiment=NAME [out=DIR] [variants=a,b] [seeds=1,2,3] [baseline=NAME] [jobs=N] [KEY=VALUE ...]
+       nmt-compare experiment=NAME launcher=slurm [slurm.partition=P slurm.gpus_per_node=1 slurm.timeout_min=M ...]
        nmt-compare report_only=true out=DIR [baseline=NAME] [variants=a,b]
 
 Train each variant of an experiment (a named list of nmt-train overrides) on the same data, tokenizer,
@@ -28,8 +29,12 @@ variant's nmt-train (e.g. train.max_steps=100, train.max_time=5, data.cache_dir=
 comparison continues where it stopped when run again with the same out=. Examples:
   nmt-compare experiment=compare_attention_toy out=runs/compare_toy
   nmt-compare experiment=compare_attention_toy variants=transformer,bahdanau seeds=1,2,3 out=runs/two
-  nmt-compare experiment=compare_attention_multi30k data.root=../shared/data/multi30k train.max_time=20
+  nmt-compare experiment=compare_attention_multi30k_cpu data.root=data/multi30k      # the Multi30k study, 2 CPU cores
+  nmt-compare experiment=compare_attention_multi30k data.root=/data/multi30k launcher=slurm slurm.partition=gpu
   nmt-compare report_only=true out=runs/compare_toy baseline=bahdanau
+Each variant is tested against the baseline twice: a paired bootstrap over test sentences (all seeds of a
+sentence drawn together) and, with 3+ seeds, Welch's t-test over seeds; sig. is yes when both say so after
+Holm's correction. train.max_time counts training only (train.budget_clock=wall|cpu).
 """
 
 COMPARE_KEYS = {f.name for f in fields(CompareConfig)} | {"experiment"}
@@ -60,13 +65,15 @@ def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def plan_runs(cfg: CompareConfig, out: Path) -> list[PlannedRun]:
     """Each variant's training config composed once, then one run per seed; checks that they share data, budget and decoding."""
-    plans = []
+    bases = {}
     for name in cfg.selected():
         try:
-            base = compose("config", merge_overrides(cfg.shared, cfg.overrides[name], cfg.extra, ["train.progress=false"]))
+            bases[name] = compose("config", merge_overrides(cfg.shared, cfg.overrides[name], cfg.extra, ["train.progress=false"]))
         except NmtError as err:
             raise NmtError(f"variant {name}: {err}") from None
-        for seed in cfg.seeds:
+    plans = []
+    for seed in cfg.seeds:  # seed by seed: a comparison stopped part-way has every variant at its first seeds
+        for name, base in bases.items():
             config = replace(base, run_dir=str(run_dir_for(out, name, seed)), train=replace(base.train, seed=seed))
             plans.append(PlannedRun(name, seed, config))
     check_shared(plans)
@@ -102,12 +109,14 @@ def main(argv: list[str]) -> None:
     mine, extra = split_arguments(argv)
     where = compose("compare", [a for a in mine if override_key(a) in ("out", "report_only")])  # the rest may need the saved plan
     if where.report_only:
-        from nmt.compare.report import build_report
+        from nmt.compare.report import build_report, check_scored
 
         if extra:
             raise NmtError(f"report_only=true trains nothing, so nmt-train settings have no effect: {' '.join(extra)}")
         out = Path(where.out)
-        print(build_report(out, saved_plan(out, mine)))
+        plan = saved_plan(out, mine)
+        check_scored(out, plan)
+        print(build_report(out, plan))
         print(f"report: {out / 'report.md'}")
         return
     cfg: CompareConfig = compose("compare", mine)
@@ -122,6 +131,7 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
     """Plan, train and score every run not done yet, then write the report."""
     from nmt.compare.collect import PLAN, read_sessions
     from nmt.compare.environment import environment
+    from nmt.compare.evaluate import eval_settings
     from nmt.compare.plan import prepare_test
     from nmt.compare.report import build_report
     from nmt.compare.runner import budget, comparison_lock, run_all, run_state
@@ -144,7 +154,14 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
               f"baseline {cfg.baseline}; test set {len(test.src)} sentences{' with gold alignments' if test.gold else ''}; out {out}")
         start = time.perf_counter()
         try:
-            run_all(plans, test, cfg.under_attended, cfg.over_attended, cfg.progress, cfg.jobs)
+            if cfg.launcher == "local":
+                run_all(plans, test, cfg.progress, cfg.jobs)
+            else:
+                from nmt.compare.launch import SlurmSettings, dispatch
+
+                todo = [p for p in plans if run_state(p.run_dir, eval_settings(test, p.config.decode)) != "done"]
+                if todo:
+                    dispatch(todo, test, cfg.launcher, out, SlurmSettings(**asdict(cfg.slurm)))
         except BaseException:
             sessions[-1]["interrupted"] = True
             raise

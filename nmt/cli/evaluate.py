@@ -5,12 +5,13 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from nmt.cli.common import compose, print_help, run
-from nmt.cli.translate import checkpoint_list, load_translator, start_workers
+from nmt.api import load_translator
+from nmt.cli.translate import checkpoint_files, checkpoint_list, start_workers
 from nmt.config import Config, EvaluateConfig
 from nmt.data.corpus import read_lines
 from nmt.errors import NmtError
 from nmt.evaluation.metrics import corpus_scores
-from nmt.fileio import atomic_open
+from nmt.fileio import atomic_open, check_outputs
 from nmt.translation import decode_settings
 
 USAGE = """
@@ -55,6 +56,8 @@ def main(argv: list[str]) -> None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     cfg = compose("evaluate", checkpoint_list(argv))
+    check_outputs({"checkpoint": checkpoint_files(cfg.checkpoint) if cfg.checkpoint else None, "src": cfg.src, "ref": cfg.ref, "hyp": cfg.hyp},
+                  {"hyp_out": cfg.hyp_out})
     if cfg.hyp is not None:
         if cfg.ref is None:
             raise NmtError("hyp=FILE needs ref=FILE")

@@ -12,7 +12,7 @@ USAGE = """
 usage: nmt-export checkpoint=PATH format=ctranslate2 out=DIR [quantization=int8|int8_float32|int16|float16|bfloat16] [max_positions=N]
 
 Convert a Transformer checkpoint (a file or a run dir) into a CTranslate2 model directory, with the
-SentencePiece model beside it (needs `pip install 'nmt[ct2]'`). Examples:
+SentencePiece model beside it (needs `pip install 'nmt-attention[ct2]'`). Examples:
   nmt-export checkpoint=runs/quickstart format=ctranslate2 out=exported/quickstart
   nmt-export checkpoint=runs/m30k/checkpoints/best.pt format=ctranslate2 out=m30k_ct2 quantization=int8
 Then, in Python:
@@ -28,9 +28,11 @@ def main(argv: list[str]) -> None:
         return print_help(USAGE)
     cfg = compose("export", argv)
     from nmt.export.ctranslate2 import export_ctranslate2
+    from nmt.fileio import check_outputs
     from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
 
     payload = load_checkpoint(cfg.checkpoint)
+    check_outputs({"checkpoint": payload["path"]}, {"out": cfg.out}, folders=("out",))
     model, tokenizer, train_cfg = model_from_checkpoint(payload, torch.device("cpu"))
     out = export_ctranslate2(model, train_cfg, tokenizer, cfg.out, cfg.quantization, cfg.max_positions, payload["path"])
     print(f"wrote {out} ({cfg.format}, {cfg.quantization or 'float32'} weights) from {payload['path']}", file=sys.stderr)

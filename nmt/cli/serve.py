@@ -58,7 +58,7 @@ def serve(cfg: ServeConfig) -> None:
         from nmt.serve.app import create_app
         from nmt.serve.models import load_model
     except ImportError as err:
-        raise NmtError(f"nmt-serve needs the serve extra ({err.name} is missing): pip install -e '.[serve]'") from None
+        raise NmtError(f"nmt-serve needs the serve extra ({err.name} is missing): pip install 'nmt-attention[serve]'") from None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device, key="device")

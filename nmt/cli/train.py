@@ -18,9 +18,11 @@ usage: nmt-train [KEY=VALUE ...]
 
 Train a model from the recipes. Examples:
   nmt-train experiment=quickstart run_dir=runs/quickstart
-  nmt-train data=multi30k_en_de data.root=../shared/data/multi30k model=transformer train.max_steps=2000
+  nmt-train data=multi30k_en_de data.root=data/multi30k model=transformer train.max_steps=2000
   nmt-train data=parallel data.train=corpus/train data.valid=corpus/dev data.src=en data.tgt=de
   nmt-train resume=runs/quickstart train.max_steps=4000     (continue a run exactly where it stopped)
+  nmt-train experiment=quickstart run_dir=runs/q resume=auto  (continue runs/q if it has a checkpoint, else start it:
+                                                           for jobs that restart, e.g. torchrun --max-restarts=N)
   nmt-train init_from=runs/quickstart data=parallel data.train=corpus/train run_dir=runs/tuned
                                                            (fine-tune: its weights, a fresh optimizer)
 """
@@ -109,35 +111,59 @@ def check_fetched(cfg: Config) -> None:
             )
 
 
-def main(argv: list[str]) -> None:
+def resolve_auto_resume(argv: list[str]) -> list[str]:
+    """resume=auto (for restarted jobs, e.g. torchrun --max-restarts): continue run_dir if it holds a checkpoint, else start it."""
+    if "resume=auto" not in argv:
+        return argv
+    run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")), None)
+    if not run_dir:
+        raise NmtError("resume=auto needs run_dir=DIR: the run to continue if it holds checkpoints/last.pt, or to start")
+    rest = [a for a in argv if a != "resume=auto"]
+    if (Path(run_dir) / "checkpoints" / "last.pt").is_file():
+        # the recipe groups (experiment=, model=, ...) were composed when the run started; the checkpoint holds them
+        keys = [a for a in rest if not a.startswith("run_dir=") and "." in a.split("=", 1)[0]]
+        return keys + [f"resume={run_dir}"]
+    return rest
+
+
+def run_training(argv: list[str] | None, config: Config | None = None, log=None):
+    """Train from command-line overrides (resume=, init_from= included) or from a Config.
+
+    Returns (run dir, results.json's figures, whether this is the main process)."""
     from nmt.training.checkpoint import LAST, checkpoint_config, load_checkpoint
     from nmt.training.trainer import Trainer
 
-    if "-h" in argv or "--help" in argv:
-        return print_help(USAGE)
-    resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
+    argv = resolve_auto_resume(argv or [])
+    resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None) if config is None else config.resume
     payload = None
     if resume:
-        if any(a.startswith("init_from=") for a in argv):
+        if any(a.startswith("init_from=") for a in argv) or (config is not None and config.init_from):
             raise NmtError("resume= and init_from= do not go together: resume continues a run, init_from starts a new one from a checkpoint")
         last = Path(resume) / "checkpoints" / LAST
         if not last.is_file():
             raise NmtError(f"resume={resume}: no checkpoints/{LAST} there; expected a run dir written by nmt-train")
         payload = load_checkpoint(last)
-        cfg = resume_config(Path(resume), argv, checkpoint_config(payload))
+        cfg = resume_config(Path(resume), argv, checkpoint_config(payload)) if config is None else config
     else:
-        cfg = compose("config", argv)
+        cfg = compose("config", argv) if config is None else config
         if cfg.init_from:
             payload = load_checkpoint(cfg.init_from)
             cfg = init_from_config(cfg, argv, checkpoint_config(payload))
     check_fetched(cfg)
     run_dir = Path(cfg.run_dir or time.strftime("outputs/%Y-%m-%d/%H-%M-%S"))
-    trainer = Trainer(cfg, run_dir, checkpoint=payload)
+    trainer = Trainer(cfg, run_dir, log=log, checkpoint=payload)
     try:
-        trainer.fit()
+        results = trainer.fit()
     finally:
         trainer.dist.close()
-    if trainer.dist.main:
+    return run_dir, results, trainer.dist.main
+
+
+def main(argv: list[str]) -> None:
+    if "-h" in argv or "--help" in argv:
+        return print_help(USAGE)
+    run_dir, _, main_process = run_training(argv)
+    if main_process:
         print(f"run dir: {run_dir}")
 
 

@@ -13,17 +13,13 @@ from typing import IO, Iterator
 import torch
 from tqdm import tqdm
 
+from nmt.api import load_translator
 from nmt.cli.common import compose, print_help, run
-from nmt.config import Config, DecodeConfig, TranslateConfig
+from nmt.config import TranslateConfig
 from nmt.data.corpus import iter_lines
-from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
-from nmt.fileio import atomic_open
+from nmt.fileio import atomic_open, check_outputs
 from nmt.memory import release_freed_memory
-from nmt.models.ensemble import Ensemble
-from nmt.models.quantize import to_precision
-from nmt.models.seq2seq import Seq2Seq
-from nmt.runtime import resolve_device
 from nmt.translation import Translation, Translator, decode_settings
 
 USAGE = """
@@ -49,33 +45,6 @@ process with N threads, with the same output. Sentences/s and output tokens/s ar
 """
 
 
-def load_model(checkpoint: str, precision: str, device: torch.device) -> tuple[Seq2Seq | Ensemble, Tokenizer, Config]:
-    """The model of a checkpoint (file or run dir), or the ensemble of a comma-separated list of them, in `precision`.
-
-    Returns the model, the tokenizer and the first checkpoint's training config. The models of an
-    ensemble must share the tokenizer (a checkpoint with another vocabulary is named in the error).
-    """
-    from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
-
-    paths = [path for path in checkpoint.split(",") if path]
-    loaded = [model_from_checkpoint(load_checkpoint(path, device), device) for path in paths]
-    tokenizer, train_cfg = loaded[0][1], loaded[0][2]
-    for path, (_, other, _) in zip(paths[1:], loaded[1:]):
-        if other.state() != tokenizer.state():
-            raise NmtError(f"{path}: its vocabulary differs from {paths[0]}'s; the models of an ensemble must share one tokenizer")
-    models = [to_precision(model, precision) for model, _, _ in loaded]
-    return (models[0] if len(models) == 1 else Ensemble(models).eval()), tokenizer, train_cfg
-
-
-def load_translator(checkpoint: str, decode: DecodeConfig, device_name: str, threads: int | None = None) -> tuple[Translator, Config]:
-    """A Translator for a checkpoint file or run dir (or a comma-separated ensemble), and the config the model was trained with."""
-    device = resolve_device(device_name, key="device")
-    if threads is not None:
-        torch.set_num_threads(threads)
-    model, tokenizer, train_cfg = load_model(checkpoint, decode.precision, device)
-    return Translator(model, tokenizer, decode, device), train_cfg
-
-
 def start_workers(translator: Translator, checkpoint: str, device: str, workers: int, threads: int | None, stack: ExitStack) -> None:
     """With workers > 1, the translator's batches are searched in that many processes (closed with `stack`)."""
     if workers == 1:
@@ -85,6 +54,19 @@ def start_workers(translator: Translator, checkpoint: str, device: str, workers:
     from nmt.workers import SearchPool
 
     translator.pool = stack.enter_context(SearchPool(checkpoint, translator.decode, device, workers, threads or 1))
+
+
+def checkpoint_files(spec: str) -> str:
+    """The checkpoint files a checkpoint= value names (run dirs resolved to their checkpoint), comma-separated."""
+    from nmt.training.checkpoint import resolve_checkpoint
+
+    files = []
+    for part in (p for p in spec.split(",") if p):
+        try:
+            files.append(str(resolve_checkpoint(part)))
+        except NmtError:
+            files.append(part)  # loading will name what is wrong with it
+    return ",".join(files)
 
 
 def checkpoint_list(argv: list[str]) -> list[str]:
@@ -162,6 +144,8 @@ def main(argv: list[str]) -> int | None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     cfg = compose("translate", checkpoint_list(argv))
+    check_outputs({"checkpoint": checkpoint_files(cfg.checkpoint), "input": cfg.input},
+                  {"output": cfg.output, "attention_out": cfg.attention_out, "plot_dir": cfg.plot_dir}, folders=("plot_dir",))
     threads = cfg.threads or (1 if cfg.workers > 1 else None)
     translator, _ = load_translator(cfg.checkpoint, cfg.decode, cfg.device, threads)
     lines = iter_lines(cfg.input)

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from nmt.compare.curves import Curve, read_curve
 from nmt.compare.evaluate import EVAL, HEATMAPS, HYP
 from nmt.compare.plan import TEST_ALIGN, TEST_REF, TEST_SRC, run_dir_for
-from nmt.compare.runner import RESULTS
+from nmt.compare.runner import CONDITIONS, RESULTS, train_seconds
 from nmt.config import CompareConfig, Config, config_from_yaml
 from nmt.data.corpus import read_lines
 from nmt.errors import NmtError
@@ -37,6 +37,7 @@ class RunRecord:
     hyps: list[str] | None = None
     heatmaps: list[dict] = field(default_factory=list)
     curve: Curve = field(default_factory=Curve)
+    conditions: list[dict] = field(default_factory=list)  # RUN/conditions.json: how each part of the run trained
 
     @property
     def finished(self) -> bool:
@@ -60,8 +61,9 @@ def read_run(out: Path, variant: str, seed: int) -> RunRecord:
     if (run_dir / HYP).is_file():
         record.hyps = read_lines(run_dir / HYP)
     record.heatmaps = _json(run_dir / HEATMAPS) or []  # type: ignore[assignment]
+    record.conditions = _json(run_dir / CONDITIONS) or []  # type: ignore[assignment]
     results = record.results or {}
-    record.curve = read_curve(run_dir / "train.log", results.get("steps"), results.get("wall_s"))
+    record.curve = read_curve(run_dir / "train.log", results.get("steps"), train_seconds(results) if results else None)
     return record
 
 

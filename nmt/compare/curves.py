@@ -3,9 +3,9 @@
     step 400/10000 | epoch 1.35 | loss 4.213 ppl 67.6 | lr 1.00e-03 | 2,410 tok/s | 3m12s | ETA 1h17m
     step 400 | valid loss 3.986 ppl 53.84 | BLEU 12.31 chrF 40.12 (...)
 
-The progress lines give the wall-clock seconds of training at a step (cumulative over resumes); a
-validation step between two of them gets the time interpolated linearly (step 0 at 0 s, and the last
-step at results.json's wall_s). A resumed run repeats the steps between its checkpoint and the kill;
+The progress lines give the seconds of training at a step by the run's budget clock (validation and
+checkpoint saving not counted; cumulative over resumes); a validation step between two of them gets the
+time interpolated linearly (step 0 at 0 s, and the last step at results.json's training seconds). A resumed run repeats the steps between its checkpoint and the kill;
 the last line written for a step is the one kept.
 """
 

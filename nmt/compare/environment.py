@@ -37,6 +37,16 @@ def _git_commit() -> str | None:
         return None
 
 
+def _gpu_names() -> list[str]:
+    """The GPUs nvidia-smi lists; asked outside this process, so the comparison's parent never initialises CUDA
+    (its spawned workers train on the GPU)."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
+
+
 def _version(name: str) -> str:
     try:
         return metadata.version(name)
@@ -48,7 +58,7 @@ def environment() -> dict:
     """A JSON-able description of this process's software and hardware."""
     import nmt
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = _gpu_names()
     return {
         "nmt": nmt.__version__,
         "git_commit": _git_commit(),

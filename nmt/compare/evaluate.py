@@ -18,28 +18,49 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt.compare.probe import ForcedAttention, forced_attention
+from nmt.api import load_model
+from nmt.compare.probe import ForcedAttention, forced_attention, forced_layer_attention
 from nmt.data.tokenizer import Tokenizer
-from nmt.evaluation.alignment import AlignmentScore, GoldAlignment, argmax_links, merge_to_words, word_index
+from nmt.config import DecodeConfig
+from nmt.data.dataset import read_split
+from nmt.evaluation.alignment import AlignmentScore, GoldAlignment, argmax_links, merge_to_words, read_pharaoh, word_index
 from nmt.evaluation.diagnostics import AttentionStats
 from nmt.evaluation.metrics import corpus_score
 from nmt.fileio import atomic_open
 from nmt.runtime import resolve_device
-from nmt.training.checkpoint import BEST, checkpoint_config, load_checkpoint, model_from_checkpoint
+from nmt.training.checkpoint import BEST, checkpoint_config, load_checkpoint
 from nmt.translation import Translator, decode_settings
 
 EVAL, HYP, HEATMAPS = "eval.json", "test.hyp", "heatmaps.json"
+EVAL_VERSION = 2  # 2: attention figures on renormalised rows, per-layer AER; older eval.json files are scored again
 END = "</s>"
 
 
 @dataclass
 class TestSet:
-    """The test pairs every variant is scored on, their gold alignments if any, and the lines drawn as heat maps."""
+    """The test pairs every variant is scored on, their gold alignments if any, the lines drawn as heat maps, the
+    attention thresholds; `align_sha256` names the gold alignment text (None without one)."""
 
     src: list[str]
     ref: list[str]
     gold: list[GoldAlignment] | None
     heatmap_lines: list[int]
+    under: float = 0.5
+    over: float = 2.0
+    align_sha256: str | None = None
+
+
+def eval_settings(test: TestSet, decode: DecodeConfig) -> dict:
+    """Every setting that changes a number of eval.json: a run scored with other settings is scored again."""
+    return {
+        "test_sha256": test_digest(test.src, test.ref),
+        "align_sha256": test.align_sha256,
+        "heatmap_lines": list(test.heatmap_lines),
+        "under_attended": test.under,
+        "over_attended": test.over,
+        "decode": decode_settings(decode),
+        "version": EVAL_VERSION,
+    }
 
 
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
@@ -79,11 +100,48 @@ def heatmap_record(line: int, forced: ForcedAttention, words: tuple[list[int], l
     return {"line": line, "unit": unit, "src": labels_src, "tgt": labels_tgt, "attention": np.round(matrix, 4).tolist()}
 
 
-def evaluate_run(run_dir: Path, test: TestSet, under: float, over: float) -> dict:
-    """Translate and probe the test set with RUN/checkpoints/best.pt; write test.hyp, heatmaps.json and eval.json."""
-    payload = load_checkpoint(run_dir / "checkpoints" / BEST)
-    device = resolve_device(checkpoint_config(payload).train.device)
-    model, tokenizer, cfg = model_from_checkpoint(payload, device)
+def alignment_score(attention: list[np.ndarray], words: list[tuple[list[int], list[int]] | None], gold: list[GoldAlignment]) -> dict:
+    """AER, precision, recall of argmax links against gold, with the sentences scored and skipped (pieces that do not
+    merge into the whitespace words)."""
+    score, skipped = AlignmentScore(), 0
+    for matrix, positions, links in zip(attention, words, gold):
+        if positions is None:
+            skipped += 1
+        else:
+            score.add(argmax_links(merge_to_words(matrix, *positions)), links)
+    return {**score.as_dict(), "scored": len(gold) - skipped, "skipped": skipped}
+
+
+def layer_alignment(model, tokenizer: Tokenizer, src: list[str], tgt: list[str], gold: list[GoldAlignment], device) -> list[dict] | None:
+    """A Transformer's alignment scores layer by layer (cross-attention averaged over heads); None for an RNN."""
+    src_ids, tgt_ids = tokenizer.encode_src(src), tokenizer.encode_tgt(tgt)
+    layers = forced_layer_attention(model, src_ids, tgt_ids, device)
+    if layers is None:
+        return None
+    words = [word_positions(tokenizer, src_ids[k], tgt_ids[k], src[k], tgt[k]) for k in range(len(src))]
+    return [alignment_score([m[layer] for m in layers], words, gold) for layer in range(layers[0].shape[0])] if layers else []
+
+
+def validation_gold(cfg) -> tuple[list[str], list[str], list[GoldAlignment]] | None:
+    """The validation split and its gold alignments (DATA.valid + .align), to choose a Transformer layer on; None without."""
+    path = Path(f"{cfg.data.valid}.align") if cfg.data.valid else None
+    if path is None or not path.is_file():
+        return None
+    split = read_split(cfg.data, "valid")
+    return (split.src, split.tgt, read_pharaoh(path, split.src, split.tgt)) if split is not None else None
+
+
+def evaluate_run(run_dir: Path, test: TestSet) -> dict:
+    """Translate and probe the test set with RUN/checkpoints/best.pt; write test.hyp, heatmaps.json and eval.json.
+
+    The search and the probe run in the run's decode.precision (as nmt-translate would).
+    """
+    best = run_dir / "checkpoints" / BEST
+    cfg = checkpoint_config(load_checkpoint(best))
+    device = resolve_device(cfg.train.device)
+    loaded = load_model(str(best), cfg.decode.precision, device)  # the API's loading path: decode.precision honoured
+    model, tokenizer, step = loaded.model, loaded.tokenizer, loaded.step
+    parameters = sum(p.numel() for p in model.parameters() if p.dtype.is_floating_point)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     translator = Translator(model, tokenizer, cfg.decode, device)
@@ -96,35 +154,44 @@ def evaluate_run(run_dir: Path, test: TestSet, under: float, over: float) -> dic
 
     src_ids, tgt_ids = tokenizer.encode_src(test.src), tokenizer.encode_tgt(test.ref)
     forced = forced_attention(model, src_ids, tgt_ids, device)
-    stats, alignment, skipped, heatmaps = AttentionStats(under, over), AlignmentScore(), 0, []
+    stats, heatmaps = AttentionStats(test.under, test.over), []
+    words = [word_positions(tokenizer, src_ids[k], tgt_ids[k], test.src[k], test.ref[k]) for k in range(len(test.src))]
     for k, probe in enumerate(forced):
         stats.add(probe.attention, probe.positions)
-        words = word_positions(tokenizer, src_ids[k], tgt_ids[k], test.src[k], test.ref[k])
-        if test.gold is not None:
-            if words is None:
-                skipped += 1
-            else:
-                alignment.add(argmax_links(merge_to_words(probe.attention, *words)), test.gold[k])
         if k in test.heatmap_lines:
-            heatmaps.append(heatmap_record(k, probe, words, tokenizer, src_ids[k], tgt_ids[k], test.src[k], test.ref[k]))
+            heatmaps.append(heatmap_record(k, probe, words[k], tokenizer, src_ids[k], tgt_ids[k], test.src[k], test.ref[k]))
     with atomic_open(run_dir / HEATMAPS, key="run_dir") as f:
         json.dump(sorted(heatmaps, key=lambda r: test.heatmap_lines.index(r["line"])), f)
 
+    alignment = layers = None
+    if test.gold is not None:
+        alignment = {**alignment_score([p.attention for p in forced], words, test.gold), "layer": "last, mean over heads"}
+        by_layer = layer_alignment(model, tokenizer, test.src, test.ref, test.gold, device)
+        if by_layer:
+            valid = validation_gold(cfg)
+            valid_layers = layer_alignment(model, tokenizer, *valid, device) if valid else None
+            chooser, on = (valid_layers, "validation") if valid_layers else (by_layer, "test (no validation alignments)")
+            best = min(range(len(chooser)), key=lambda i: chooser[i]["aer"])
+            layers = {"test": by_layer, "valid": valid_layers, "best_layer": best, "chosen_on": on}
+            alignment = {**by_layer[best], "layer": f"layer {best + 1} of {len(by_layer)} (lowest AER on {on}), mean over heads"}
+
     result = {
         "checkpoint": f"checkpoints/{BEST}",
-        "checkpoint_step": payload["step"],
+        "checkpoint_step": step,
         "sentences": len(hyps),
         "test_sha256": test_digest(test.src, test.ref),
         "decode": decode_settings(cfg.decode),
+        "settings": eval_settings(test, cfg.decode),
         "decode_seconds": round(seconds, 3),
         "sentences_per_s": round(len(hyps) / seconds, 2) if seconds > 0 else None,
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": parameters,
         "tokenizer_sha256": tokenizer_digest(tokenizer),
         "scores": {name: {"score": round(s.score, 4), "signature": s.signature} for name, s in scores.items()},
         "attention": {key: (round(v, 6) if isinstance(v, float) else v) for key, v in stats.as_dict().items()},
-        "alignment": None if test.gold is None else {**alignment.as_dict(), "skipped": skipped},
+        "alignment": alignment,
+        "alignment_by_layer": layers,
     }
     with atomic_open(run_dir / EVAL, key="run_dir") as f:
         f.write(json.dumps(result, indent=2) + "\n")

@@ -14,7 +14,7 @@ from nmt.evaluation.alignment import GoldAlignment
 from nmt.evaluation.plots import save_figure
 
 KIND_COLORS = {"baseline": "#7f7f7f", "better": "#2ca02c", "worse": "#d62728", "same": "#1f77b4"}
-KIND_LABELS = {"baseline": "baseline", "better": "better (p < 0.05)", "worse": "worse (p < 0.05)", "same": "no significant difference"}
+KIND_LABELS = {"baseline": "baseline", "better": "better (both tests, Holm)", "worse": "worse (both tests, Holm)", "same": "not shown to differ"}
 
 
 def _figure(width: float, height: float):

@@ -12,7 +12,9 @@ from datetime import datetime
 
 from nmt.compare.collect import RunRecord, TestData
 from nmt.compare.runner import budget
-from nmt.compare.summary import ALPHA
+from nmt.compare.runner import train_seconds
+from nmt.compare.summary import ALPHA, differences
+from nmt.evaluation.significance import MIN_SEEDS
 from nmt.config import RUN_KEYS, CompareConfig, Config, config_to_yaml, flatten
 from nmt.training.progress import duration
 
@@ -54,32 +56,57 @@ def table(header: list[str], rows: list[list[str]], right: int = 1) -> str:
     return "\n".join([line(header), rule, *(line(r) for r in rows)])
 
 
-def delta_cells(sig: dict | None, baseline: bool) -> list[str]:
-    """Δ BLEU [95% CI], p, significant? for one variant."""
+def interval(result: dict | None) -> str:
+    """[low, high], p for one test's result."""
+    if not result:
+        return NA
+    return f"[{signed(result['ci_low'], 2)}, {signed(result['ci_high'], 2)}], p {result['p_value']:.3f}"
+
+
+def delta_cells(v: dict, baseline: bool) -> list[str]:
+    """Δ BLEU (difference of the means shown), the sentence bootstrap, the seed test, sig. for one variant."""
     if baseline:
-        return ["baseline", "", ""]
-    if not sig:
-        return [NA, NA, NA]
-    return [f"{signed(sig['delta'], 2)} [{signed(sig['ci_low'], 2)}, {signed(sig['ci_high'], 2)}]", f"{sig['p_value']:.3f}", "yes" if sig["significant"] else "no"]
+        return ["baseline", "", "", ""]
+    sig = v["significance"] or {}
+    delta = signed(v["delta_bleu"], 2) if v["delta_bleu"] is not None else NA
+    return [delta, interval(sig.get("bootstrap")), interval(sig.get("seeds")) if sig.get("seeds") else f"n/a (< {MIN_SEEDS} seeds)",
+            sig.get("decision", NA)]
 
 
 def main_table(summary: dict) -> str:
-    """Test BLEU (mean ± s.d. over seeds), the paired test against the baseline, chrF, TER, AER, size and time."""
+    """Test BLEU (mean ± s.d. over seeds), the two tests against the baseline, chrF, TER, AER, size and budget used."""
     rows = []
     for v in summary["variants"]:
         aer = spread(v["alignment"]["aer"], 3) if v["alignment"] else NA
-        rows.append([v["name"], spread(v["bleu"]), *delta_cells(v["significance"], v["name"] == summary["baseline"]),
-                     spread(v["chrf"]), spread(v["ter"]), aer, count(v["parameters"]), seconds(v["train_seconds"]["mean"])])
-    return table(["variant", "test BLEU", "Δ BLEU vs baseline [95% CI]", "p", "sig.", "chrF", "TER", "AER", "params", "train time"], rows)
+        rows.append([v["name"], spread(v["bleu"]), *delta_cells(v, v["name"] == summary["baseline"]),
+                     spread(v["chrf"]), spread(v["ter"]), aer, count(v["parameters"]), num(v["steps"]["mean"], 0), seconds(v["train_seconds"]["mean"])])
+    return table(["variant", "test BLEU", "Δ BLEU", "sentence bootstrap 95% CI, p", "seed test (Welch) 95% CI, p", "sig.", "chrF", "TER", "AER",
+                  "params", "updates", "train time"], rows)
+
+
+def significance_table(summary: dict) -> str:
+    """Each test's raw decision (p < alpha, interval without 0) and its Holm-corrected one."""
+    yes_no = lambda r, key: NA if not r else ("yes" if r[key] else "no")  # noqa: E731
+    rows = []
+    for v in summary["variants"]:
+        if v["name"] == summary["baseline"] or not v["significance"]:
+            continue
+        boot, seeds = v["significance"]["bootstrap"], v["significance"]["seeds"]
+        rows.append([v["name"], " ".join(map(str, boot["seeds"])) if boot else NA, signed(boot["delta"], 2) if boot else NA,
+                     interval(boot), yes_no(boot, "significant_raw"), yes_no(boot, "holm"),
+                     interval(seeds), yes_no(seeds, "significant_raw"), yes_no(seeds, "holm"), v["significance"]["decision"]])
+    return table(["variant", "bootstrap seeds", "bootstrap Δ", "bootstrap 95% CI, p", "raw", "Holm", "seed test 95% CI, p", "raw", "Holm", "sig."], rows)
 
 
 def training_table(summary: dict) -> str:
     rows = []
     for v in summary["variants"]:
-        rows.append([v["name"], num(v["steps"]["mean"], 0), seconds(v["train_seconds"]["mean"]), num(v["steps_per_s"]["mean"], 2),
-                     num(v["train_tokens_per_s"]["mean"], 0), num(v["best_step"]["mean"], 0), spread(v["valid_ppl"], 2),
-                     num(v["decode_sentences_per_s"]["mean"], 1), f"{v['timed_out']}/{len(v['seeds'])}", spread(v["bleu_lc"])])
-    return table(["variant", "updates", "train time", "updates/s", "target tok/s", "best step", "valid ppl", "decode sent/s", "stopped by time", "lc tok BLEU"], rows)
+        rows.append([v["name"], num(v["steps"]["mean"], 0), seconds(v["train_seconds"]["mean"]), seconds(v["train_cpu_seconds"]["mean"]),
+                     seconds(v["valid_seconds"]["mean"]), num(v["steps_per_s"]["mean"], 2), num(v["train_tokens_per_s"]["mean"], 0),
+                     num(v["best_step"]["mean"], 0), spread(v["valid_ppl"], 2), num(v["decode_sentences_per_s"]["mean"], 1),
+                     f"{v['timed_out']}/{len(v['seeds'])}", spread(v["bleu_lc"])])
+    return table(["variant", "updates", "train time", "train CPU", "validation time", "updates/s", "target tok/s", "best step", "valid ppl",
+                  "decode sent/s", "stopped by time", "lc tok BLEU"], rows)
 
 
 def length_table(summary: dict) -> str:
@@ -92,10 +119,28 @@ def attention_table(summary: dict) -> str:
     rows = []
     for v in summary["variants"]:
         a, g = v["attention"], v["alignment"]
+        scored = f"{sum(g['scored'])}/{sum(g['scored']) + sum(g['skipped'])}" if g and None not in g["scored"] + g["skipped"] else NA
         rows.append([v["name"], num(a["entropy"]["mean"], 2), num(a["max_weight"]["mean"], 2), num(a["coverage"]["mean"], 2),
                      num(a["under_attended"]["mean"], 3), num(a["over_attended"]["mean"], 3),
-                     *(spread(g[k], 3) if g else NA for k in ("aer", "precision", "recall")), num(a["p_t_diagonal_distance"]["mean"], 2)])
-    return table(["variant", "entropy (nats)", "max weight", "coverage", "under-attended", "over-attended", "AER", "precision", "recall", "local-p |p_t - diagonal|"], rows)
+                     *(spread(g[k], 3) if g else NA for k in ("aer", "precision", "recall")), scored, "; ".join(g["layer"]) if g else NA,
+                     num(a["p_t_diagonal_distance"]["mean"], 2)])
+    return table(["variant", "entropy (nats)", "max weight", "coverage", "under-attended", "over-attended", "AER", "precision", "recall",
+                  "sentences scored (all seeds)", "attention scored", "local-p |p_t - diagonal|"], rows)
+
+
+def layer_table(summary: dict) -> str | None:
+    """Transformers: test AER of each decoder layer (heads averaged), mean over seeds, and the layer chosen on validation."""
+    rows = []
+    for v in summary["variants"]:
+        layers = v.get("alignment_by_layer")
+        if layers:
+            cells = [spread(stat, 3) for stat in layers["test_aer"]]
+            rows.append([v["name"], *cells, ", ".join(map(str, layers["best_layers"])) + f" (on {', '.join(layers['chosen_on'])})"])
+    if not rows:
+        return None
+    width = max(len(r) - 2 for r in rows)
+    rows = [r[:-1] + [""] * (width + 2 - len(r)) + r[-1:] for r in rows]
+    return table(["variant", *(f"layer {i + 1} AER" for i in range(width)), "layer reported, per seed"], rows)
 
 
 def relative(run: RunRecord) -> str:
@@ -112,9 +157,9 @@ def runs_table(summary: dict, runs: dict[str, list[RunRecord]]) -> str:
                 rows.append([name, str(r.seed), "not finished", "", "", "", "", "", "", "", relative(r)])
                 continue
             sig = by_seed[name].get(r.seed)
-            test = f"{signed(sig['delta'])} (p {sig['p_value']:.3f})" if sig else ("baseline" if name == summary["baseline"] else NA)
+            test = f"{signed(sig['delta'], 2)} [{signed(sig['ci_low'], 2)}, {signed(sig['ci_high'], 2)}] (p {sig['p_value']:.3f})" if sig else ("baseline" if name == summary["baseline"] else NA)
             rows.append([name, str(r.seed), num(r.score("bleu")), num(r.score("chrf")), num(r.score("ter")), num(r.score("bleu_lc")),
-                         test, str(r.results["steps"]), duration(r.results["wall_s"]), str(r.evaluation["checkpoint_step"]), relative(r)])
+                         test, str(r.results["steps"]), duration(train_seconds(r.results)), str(r.evaluation["checkpoint_step"]), relative(r)])
     return table(["variant", "seed", "BLEU", "chrF", "TER", "lc tok BLEU", "Δ BLEU vs baseline, same seed", "updates", "train time", "best step", "run dir"], rows, right=1)
 
 
@@ -161,13 +206,6 @@ def environment_lines(sessions: list[dict]) -> list[str]:
     return lines
 
 
-def bonferroni(tests: int) -> str:
-    if tests < 2:
-        return ""
-    return (f" No correction is made for testing {tests} variants against one baseline; with a Bonferroni correction a difference "
-            f"would need p < {ALPHA / tests:.4f}.")
-
-
 def how_computed(plan: CompareConfig, summary: dict, test: TestData, metric: str) -> list[str]:
     boot = summary["bootstrap"]
     consistency = summary["consistency"]
@@ -181,26 +219,41 @@ def how_computed(plan: CompareConfig, summary: dict, test: TestData, metric: str
         "**lc tok BLEU** is BLEU on lowercased text after sacrebleu's 13a tokenization, for comparison with papers that report tokenized lowercased BLEU. Signatures:",
         *signature_lines(summary),
         f"- **mean ± s.d.** are over the seeds {', '.join(map(str, plan.seeds))} (sample standard deviation; the mean alone with one seed).",
-        f"- **Δ BLEU, 95% CI, p**: sacrebleu's paired bootstrap resampling test (`sacrebleu.significance.PairedTest`, `test_type=bs`; Koehn 2004), "
-        f"{boot['samples']} resamples, seed {boot['seed']} (signature `{boot['signature'] or NA}`), of each variant against **{summary['baseline']}** "
-        "on the same test sentences. With several seeds the outputs of all seeds are laid end to end (each beside the baseline's output of the same seed), "
-        "so a resample draws (sentence, seed) pairs; Δ is the BLEU of that pooled output minus the baseline's. The interval is the 2.5th to 97.5th "
-        "percentile of the resampled differences (the same draws as sacrebleu's test); p is sacrebleu's p-value. "
-        f"**sig.** is yes when p < {ALPHA} and the interval excludes 0 (sacrebleu's test gives identical outputs p = 1/(resamples + 1), "
-        "although their difference is 0 on every draw)." + bonferroni(len(summary["variants"]) - 1) + " The per-run table gives the test seed by seed.",
-        "- **params**: parameters of the model (`eval.json`); **updates, train time, target tok/s**: `RUN/results.json` of nmt-train (time includes "
-        "validation and is cumulative over resumes); **valid ppl**: validation perplexity at the best checkpoint's step, from `RUN/train.log`; "
+        f"- **Δ BLEU** is the difference of the mean test BLEU over seeds shown in the table (the variant's minus {summary['baseline']}'s).",
+        f"- **Sentence bootstrap** (paired cluster bootstrap; Koehn 2004, with the test sentence as the unit): {boot['samples']} draws of "
+        f"{len(test.src)} test sentences with replacement (numpy seed {boot['seed']}), the same draws for every variant; a draw takes every seed's "
+        "output of each drawn sentence for both systems, and scores each system as the mean over its seeds of corpus BLEU (sacrebleu's sufficient "
+        "statistics summed over the draw). The interval is the 2.5th-97.5th percentile of the draws' differences; p is the two-sided bootstrap "
+        "p-value: the share of draws, shifted to centre on 0, that lie at least as far from 0 as the observed difference ((k + 1) / (draws + 1)). "
+        "It estimates how often test sets like this one would show a difference this large if these trained models were equally good on such "
+        "sentences; it is not the probability that the systems are equal, and it holds the trained models fixed (it says nothing about other seeds). "
+        "It uses the seeds both variants finished (column *bootstrap seeds*).",
+        f"- **Seed test**: Welch's t-test (unequal variances; `scipy.stats.ttest_ind`) on the per-seed test BLEU of the variant against the "
+        f"baseline's, with its 95% interval for the difference of means; it needs {boot['min_seeds']} or more seeds per variant. It asks whether "
+        "the difference exceeds training-seed noise.",
+        f"- **sig.** is *yes* only when both tests call the difference at alpha {boot['alpha']} after Holm-Bonferroni correction over the "
+        f"{max(len(summary['variants']) - 1, 0)} variants tested against the baseline (each test's p-values corrected on their own), with intervals that "
+        "exclude 0 and in the same direction; *bootstrap only* when the seed test cannot run (fewer seeds); the Significance section shows each "
+        "test's raw and corrected decision. At alpha 0.05, a true no-difference is called significant by a test in about one comparison in twenty; "
+        "the correction keeps the chance of any such call among all variants at 0.05.",
+        "- **params**: parameters of the model (`eval.json`); **updates, train time, target tok/s**: `RUN/results.json` of nmt-train; *train time* "
+        "is training only by the budget's clock (validation and checkpoint saving are timed apart and not counted in `train.max_time`), summed "
+        "over resumed parts; **valid ppl**: validation perplexity at the best checkpoint's step, from `RUN/train.log`; "
         "**decode sent/s**: test sentences translated per second (`eval.json`).",
         "- **Attention** (`eval.json`): each test reference is forced through the model (teacher forcing), so every variant attends over the same "
         "output words. For RNN models the weights are the decoder's attention; for the Transformer the last layer's cross-attention averaged over heads. "
-        "entropy = mean over output steps of -Σ a log a (nats; rows renormalised); max weight = mean of each step's largest weight; "
+        "Every figure uses rows renormalised to sum to 1, for every variant (local-p's Gaussian leaves its raw rows summing to less than 1). "
+        "entropy = mean over output steps of -Σ a log a (nats); max weight = mean of each step's largest weight; "
         f"coverage = attention mass a source subword receives summed over the output (</s> excluded), with the shares below {plan.under_attended} "
         f"(under-attended) and above {plan.over_attended} (over-attended); local-p |p_t - diagonal| = mean distance in source tokens between the "
         "predicted position p_t (Luong et al. 2015, eq. 9) and the line from the first source token to </s>. Hard attention is one-hot at inference, "
         "so its entropy is 0.",
         "- **AER, precision, recall** (Och & Ney 2003): each reference word is linked to the source word its attention weighs most "
         "(subwords merged: a word's row is the mean of its pieces' rows, a source word's column the sum of its pieces'; the </s> column left out), "
-        + ("against the gold alignments in `test.align` (Pharaoh `i-j`), counts summed over the test set." if test.gold is not None
+        + ("against the gold alignments in `test.align` (Pharaoh `i-j`: source word i, target word j, 0-based), counts summed over the sentences "
+           "scored (the AER table gives how many were scored and skipped: a sentence is skipped when its subwords do not merge into its "
+           "whitespace words). For a Transformer every decoder layer is scored (heads averaged) and the layer with the lowest AER on the "
+           "validation alignments is reported (the table names it)." if test.gold is not None
            else "but this comparison has no gold alignments (give `align=FILE`), so they are n/a."),
         "- **BLEU by source length**: the test set split into buckets of about equal size by source words; sacrebleu BLEU of each bucket's "
         "sentences, per run, then averaged over seeds.",
@@ -210,6 +263,25 @@ def how_computed(plan: CompareConfig, summary: dict, test: TestData, metric: str
                                 if len(tokenizers) == 1 else f"**the runs used {len(tokenizers)} different tokenizers**: {', '.join(t[:16] for t in tokenizers)}."),
     ]
     return lines + [""]
+
+
+def headline(summary: dict) -> str:
+    """The fairness sentence, only as far as the runs' files show it."""
+    differ = differences(summary["consistency"])
+    if not differ:
+        return ("Checked from the runs' files: every finished run used the same tokenizer, test set, training budget, training conditions and "
+                "decoding settings.")
+    return f"**The finished runs differ in: {', '.join(differ)}** (see How each number was computed)."
+
+
+def how_to_read(summary: dict) -> str:
+    return (
+        "How to read it: *test BLEU* is the mean ± standard deviation over seeds; *Δ BLEU* the difference of those means against the baseline. "
+        "*Sentence bootstrap* resamples test sentences (all seeds of a sentence together) and asks whether these trained models differ on "
+        "sentences like these; *seed test* compares the per-seed BLEU and asks whether the difference exceeds training-seed noise. *sig.* is "
+        f"yes only when both say so at alpha {ALPHA} after Holm's correction over the variants. An interval that contains 0 means that test "
+        "cannot tell the two apart. AER is lower-is-better (n/a without gold alignments). *train time* counts training only."
+    )
 
 
 def markdown_report(plan: CompareConfig, summary: dict, test: TestData, sessions: list[dict], figures: dict[str, str],
@@ -225,18 +297,19 @@ def markdown_report(plan: CompareConfig, summary: dict, test: TestData, sessions
         f"# {plan.name or 'Attention variants compared'}", "",
         f"{len(variants)} variants, seeds {', '.join(map(str, plan.seeds))}: {finished} of {planned} runs finished"
         + (f" (**{planned - finished} not finished**: the tables cover the finished ones)" if finished < planned else "") + ". "
-        f"Every variant trains on the same data with the same tokenizer, budget and decoding settings; "
-        f"budget per run: {budget(base_cfg) if base_cfg else NA}" + (" **(budgets differ between runs)**" if len(budgets) > 1 else "") + ". "
+        + headline(summary) + f" Budget per run: {budget(base_cfg) if base_cfg else NA}" + (" **(budgets differ between runs)**" if len(budgets) > 1 else "") + ". "
         f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
         + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "") + ". "
         f"Training and scoring took {duration(total)} (wall-clock, {len(sessions)} session(s)). Report written {datetime.now().isoformat(timespec='seconds')}.", "",
         "## Main results", "",
         main_table(summary), "",
-        "How to read it: *test BLEU* is the mean ± standard deviation over seeds. *Δ BLEU* is the variant's BLEU minus the baseline's on the "
-        "same sentences (seeds pooled), with the 95% interval of sacrebleu's paired bootstrap; *p* is the chance of a difference at least this "
-        f"large if the two systems were equally good, and *sig.* says whether p < {ALPHA} with an interval that excludes 0. An interval that contains 0 means the test cannot "
-        "tell the two apart; a difference smaller than the s.d. over seeds may come from the seed rather than the attention. AER is "
-        "lower-is-better (n/a without gold alignments).", "",
+        how_to_read(summary), "",
+        "## Significance", "",
+        significance_table(summary), "",
+        *[f"- **Note**: {note}." for note in summary["bootstrap"]["notes"]],
+        *([f"- **Note**: these runs trained under other conditions than the rest (threads, precision, batching or runs side by side; "
+           f"`RUN/conditions.json`): {', '.join(summary['consistency']['other_conditions'])}; their speed and budget are not comparable."]
+          if summary["consistency"]["other_conditions"] else []), "",
     ]
     if "bars" in figures:
         lines += [f"![Test BLEU by variant]({figures['bars']})", ""]
@@ -247,6 +320,9 @@ def markdown_report(plan: CompareConfig, summary: dict, test: TestData, sessions
     if "lengths" in figures:
         lines += [f"![BLEU by source length]({figures['lengths']})", ""]
     lines += ["## Attention", "", attention_table(summary), ""]
+    if (layers := layer_table(summary)) is not None:
+        lines += ["Transformer cross-attention, layer by layer (test AER, heads averaged; the main figure reports the layer with the lowest "
+                  "AER on the validation alignments):", "", layers, ""]
     if "heatmaps" in figures:
         lines += ["The same test sentences for every variant (reference forced through the model; rows: reference words, columns: "
                   "source words and </s>; red circles: gold alignment links, when there are any):", "",

@@ -7,6 +7,7 @@ test split is copied into the report folder, where it must match what earlier se
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,7 +19,10 @@ from nmt.errors import NmtError
 from nmt.evaluation.alignment import read_pharaoh
 from nmt.fileio import atomic_open
 
-SAME_FOR_ALL = ("data.", "decode.", "train.max_steps", "train.max_time", "train.max_epochs")  # what every variant must share
+BUDGET = ("train.max_steps", "train.max_time", "train.max_epochs", "train.budget_clock")
+THROUGHPUT = ("train.threads", "train.precision", "train.batch_tokens", "train.accumulate", "train.device",  # how fast a budget trains
+              "train.valid_every", "train.valid_bleu_sentences")
+SAME_FOR_ALL = ("data.", "decode.", *BUDGET, *THROUGHPUT)  # what every variant must share
 IGNORED = (*RUN_KEYS, "train.progress", "train.threads", "data.cache_dir")  # differences that do not make an existing run another run
 HEATMAP_WORDS = (6, 10)  # automatic heat-map lines: the first test sources of this many words
 TEST_SRC, TEST_REF, TEST_ALIGN = "test.src", "test.ref", "test.align"
@@ -68,7 +72,8 @@ def check_shared(plans: list[PlannedRun]) -> None:
             if key.startswith(SAME_FOR_ALL) and flat[key] != first[key]:
                 raise NmtError(
                     f"variant {plan.variant}: {key}={flat[key]} but {plans[0].variant} has {first[key]}; every variant must share the data "
-                    "(one tokenizer and vocabulary), the training budget and the decoding settings"
+                    "(one tokenizer and vocabulary), the training budget, the settings that set how fast it trains (threads, precision, "
+                    "batching, validation) and the decoding settings; set it in `shared` or on the command line"
                 )
 
 
@@ -116,4 +121,8 @@ def prepare_test(cfg: CompareConfig, data: DataConfig, out: Path) -> tuple[TestS
     for name, lines in ((TEST_SRC, text.src), (TEST_REF, text.tgt), *(((TEST_ALIGN, read_lines(align)),) if align else ())):
         with atomic_open(out / name, key="out") as f:
             f.writelines(line + "\n" for line in lines)
-    return TestSet(text.src, text.tgt, gold, pick_heatmap_lines(text.src, cfg.heatmap_lines)), align
+    if not align:
+        (out / TEST_ALIGN).unlink(missing_ok=True)  # an earlier comparison's gold alignments are not this one's
+    digest = hashlib.sha256("\n".join(read_lines(align)).encode("utf-8", "surrogatepass")).hexdigest() if align else None
+    test = TestSet(text.src, text.tgt, gold, pick_heatmap_lines(text.src, cfg.heatmap_lines), cfg.under_attended, cfg.over_attended, digest)
+    return test, align

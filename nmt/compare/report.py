@@ -7,12 +7,18 @@ writes the report; it trains and translates nothing, so `nmt-compare report_only
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from pathlib import Path
 
+
 from nmt.compare import figures
 from nmt.compare.collect import RunRecord, read_plan, read_run, read_sessions, read_test
+from nmt.compare.evaluate import TestSet, eval_settings
+from nmt.compare.plan import TEST_ALIGN
+from nmt.data.corpus import read_lines
+from nmt.errors import NmtError
 from nmt.compare.markdown import main_table, markdown_report
 from nmt.compare.summary import ATTENTION, SCORES, summarize
 from nmt.config import CompareConfig
@@ -30,12 +36,18 @@ def csv_rows(summary: dict) -> list[dict]:
     rows = []
     for v in summary["variants"]:
         sig = v["significance"] or {}
+        boot, seeds = sig.get("bootstrap") or {}, sig.get("seeds") or {}
         row = {"variant": v["name"], "overrides": " ".join(v["overrides"]), "seeds": " ".join(map(str, v["seeds"]))}
         for metric in SCORES:
             row[f"{metric}_mean"], row[f"{metric}_std"] = v[metric]["mean"], v[metric]["std"]
         row |= {
-            "delta_bleu": sig.get("delta"), "delta_ci_low": sig.get("ci_low"), "delta_ci_high": sig.get("ci_high"),
-            "p_value": sig.get("p_value"), "significant": sig.get("significant"),
+            "delta_bleu": v["delta_bleu"],
+            "bootstrap_seeds": " ".join(map(str, boot.get("seeds", []))), "bootstrap_delta": boot.get("delta"),
+            "bootstrap_ci_low": boot.get("ci_low"), "bootstrap_ci_high": boot.get("ci_high"), "bootstrap_p": boot.get("p_value"),
+            "bootstrap_significant_raw": boot.get("significant_raw"), "bootstrap_significant_holm": boot.get("holm"),
+            "seed_test_ci_low": seeds.get("ci_low"), "seed_test_ci_high": seeds.get("ci_high"), "seed_test_p": seeds.get("p_value"),
+            "seed_test_significant_raw": seeds.get("significant_raw"), "seed_test_significant_holm": seeds.get("holm"),
+            "significant": sig.get("decision"),
             "valid_ppl": v["valid_ppl"]["mean"], "parameters": v["parameters"], "steps": v["steps"]["mean"],
             "train_seconds": v["train_seconds"]["mean"], "train_tokens_per_s": v["train_tokens_per_s"]["mean"],
             "decode_sentences_per_s": v["decode_sentences_per_s"]["mean"],
@@ -62,8 +74,8 @@ def draw_figures(out: Path, summary: dict, runs: dict[str, list[RunRecord]], gol
     variants = [v for v in summary["variants"] if v["seeds"]]
     if variants:
         kinds = [
-            "baseline" if v["name"] == summary["baseline"] else "same" if not (v["significance"] or {}).get("significant")
-            else "better" if v["significance"]["delta"] > 0 else "worse"
+            "baseline" if v["name"] == summary["baseline"] else "same" if (v["significance"] or {}).get("decision") != "yes"
+            else "better" if v["delta_bleu"] > 0 else "worse"
             for v in variants
         ]
         figures.bleu_bars([v["name"] for v in variants], [v["bleu"]["mean"] for v in variants], [v["bleu"]["std"] for v in variants],
@@ -82,6 +94,26 @@ def draw_figures(out: Path, summary: dict, runs: dict[str, list[RunRecord]], gol
         figures.attention_grid(heat, dict(enumerate(gold)) if gold else {}, out / FIGURES["heatmaps"])
         drawn["heatmaps"] = FIGURES["heatmaps"]
     return drawn
+
+
+def check_scored(out: Path, plan: CompareConfig) -> None:
+    """report_only: every scored run must have been scored with the settings the report states; it never relabels."""
+    test = read_test(out)
+    align = out / TEST_ALIGN
+    digest = hashlib.sha256("\n".join(read_lines(align)).encode("utf-8", "surrogatepass")).hexdigest() if align.is_file() else None
+    scoring = TestSet(test.src, test.ref, test.gold, plan.heatmap_lines, plan.under_attended, plan.over_attended, digest)
+    for name, group in load_runs(out, plan).items():
+        for run in group:
+            if run.evaluation is None or run.config is None:
+                continue
+            scored, expected = run.evaluation.get("settings") or {}, eval_settings(scoring, run.config.decode)
+            for key, value in expected.items():
+                if scored.get(key) != value:
+                    raise NmtError(
+                        f"report_only=true: {name} seed {run.seed} was scored with {key}={scored.get(key, 'not recorded')}, but the report "
+                        f"would state {key}={value}; run nmt-compare with the same out= (without report_only) to score the runs again "
+                        "with these settings (no run is retrained)"
+                    )
 
 
 def build_report(out: Path, plan: CompareConfig | None = None) -> str:

@@ -4,8 +4,9 @@ A run is done when its RUN/eval.json exists (written last, after test.hyp): it i
 results.json but no eval.json is only scored; one with checkpoints/last.pt is resumed exactly from it
 (nmt-train resume=RUN); anything else starts afresh. Each run writes its own train.log, so the console
 gets one line as a run starts and one as it ends, and a bar over the whole comparison. With jobs > 1
-the runs go to that many forked worker processes (each with the run's train.threads), which die with
-the comparison if it is killed.
+the runs go to that many spawned worker processes (each with the run's train.threads), which die with
+the comparison if it is killed. A run scored with other scoring settings (eval.json's `settings`: test set,
+gold alignments, attention thresholds, heat-map lines, decoding) is scored again, never retrained.
 """
 
 from __future__ import annotations
@@ -28,28 +29,60 @@ from typing import Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from nmt.compare.evaluate import EVAL, TestSet, evaluate_run
+from nmt.compare.evaluate import EVAL, TestSet, eval_settings, evaluate_run
 from nmt.compare.plan import PlannedRun
 from nmt.config import Config
 from nmt.errors import NmtError
+from nmt.fileio import atomic_open
 from nmt.training.checkpoint import LAST, load_checkpoint
 from nmt.training.progress import duration
 
-RESULTS = "results.json"
+RESULTS, CONDITIONS = "results.json", "conditions.json"
 
 
-def run_state(run_dir: Path) -> str:
-    """done (scored), trained (to score), resume (a checkpoint to continue from) or new."""
+def run_state(run_dir: Path, settings: dict | None = None) -> str:
+    """done (scored with these settings), rescore (scored with others), trained (to score), resume (a checkpoint to
+    continue from) or new. `settings` (evaluate.eval_settings) None: any scoring counts as done."""
     if (run_dir / RESULTS).is_file():
-        return "done" if (run_dir / EVAL).is_file() else "trained"
+        if not (run_dir / EVAL).is_file():
+            return "trained"
+        scored = json.loads((run_dir / EVAL).read_text()).get("settings")
+        return "done" if settings is None or scored == settings else "rescore"
     return "resume" if (run_dir / "checkpoints" / LAST).is_file() else "new"
+
+
+def changed_settings(run_dir: Path, settings: dict) -> str:
+    """The scoring settings that differ between RUN/eval.json and now, as `key: old -> new`."""
+    scored = json.loads((run_dir / EVAL).read_text()).get("settings") or {}
+    return "; ".join(f"{k}: {scored.get(k, 'not recorded')} -> {v}" for k, v in settings.items() if scored.get(k) != v)
+
+
+def record_conditions(plan: PlannedRun, jobs: int, step: int) -> None:
+    """Append how this part of the run trains to RUN/conditions.json (runs side by side, threads, precision, batching)."""
+    path = plan.run_dir / CONDITIONS
+    parts = json.loads(path.read_text()) if path.is_file() else []
+    train = plan.config.train
+    parts.append({"from_step": step, "jobs": jobs, "threads": train.threads, "precision": train.precision, "batch_tokens": train.batch_tokens,
+                  "accumulate": train.accumulate, "budget_clock": train.budget_clock, "device": train.device})
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, key="run_dir") as f:
+        f.write(json.dumps(parts, indent=2) + "\n")
+
+
+def train_seconds(results: dict) -> float:
+    """A run's training seconds by its budget clock (validation and saving not counted); wall_s in results.json
+    files from before validation was timed apart."""
+    if results.get("budget_clock") == "cpu":
+        return results["train_cpu_s"]
+    return results.get("train_s", results["wall_s"])
 
 
 def budget(cfg: Config) -> str:
     """The training budget of a config in words."""
     limits = [f"{cfg.train.max_steps} updates"]
     if cfg.train.max_time is not None:
-        limits.append(f"{cfg.train.max_time:g} minutes")
+        clock = "wall-clock" if cfg.train.budget_clock == "wall" else "CPU"
+        limits.append(f"{cfg.train.max_time:g} minutes of training ({clock} time; validation and checkpoints not counted)")
     if cfg.train.max_epochs is not None:
         limits.append(f"{cfg.train.max_epochs} epochs")
     return " or ".join(limits) + (", whichever comes first" if len(limits) > 1 else "")
@@ -88,10 +121,11 @@ def train(plan: PlannedRun, resume: bool) -> dict:
         trainer.dist.close()
 
 
-def run_one(number: int, total: int, plan: PlannedRun, test: TestSet, under: float, over: float, say: Callable[[str], None]) -> None:
+def run_one(number: int, total: int, plan: PlannedRun, test: TestSet, jobs: int, say: Callable[[str], None]) -> None:
     """Train (or resume, or skip) and score one run; `say` gets its start and end lines."""
     head = f"[{number}/{total}] {plan.label}"
-    state = run_state(plan.run_dir)
+    settings = eval_settings(test, plan.config.decode)
+    state = run_state(plan.run_dir, settings)
     if state == "done":
         evaluation = json.loads((plan.run_dir / EVAL).read_text())
         say(f"{head}: finished earlier (test BLEU {evaluation['scores']['bleu']['score']:.2f}), skipped")
@@ -101,16 +135,21 @@ def run_one(number: int, total: int, plan: PlannedRun, test: TestSet, under: flo
         step = load_checkpoint(plan.run_dir / "checkpoints" / LAST)["step"]
         say(f"{head}: resuming from step {step} (budget {budget(plan.config)}); log {plan.run_dir / 'train.log'}")
     elif state == "new":
+        step = 0
         say(f"{head}: training (budget {budget(plan.config)}); log {plan.run_dir / 'train.log'}")
+    elif state == "rescore":
+        say(f"{head}: scored earlier with other settings ({changed_settings(plan.run_dir, settings)}); scoring again, not retraining")
     else:
         say(f"{head}: trained earlier; scoring the test set")
     if state in ("new", "resume"):
+        record_conditions(plan, jobs, step)
         train(plan, resume=state == "resume")
     results = json.loads((plan.run_dir / RESULTS).read_text())
-    evaluation = evaluate_run(plan.run_dir, test, under, over)
-    pace = results["steps"] / results["wall_s"] if results["wall_s"] else 0.0
+    evaluation = evaluate_run(plan.run_dir, test)
+    trained = train_seconds(results)
+    pace = results["steps"] / trained if trained else 0.0
     say(
-        f"{head}: done in {duration(time.perf_counter() - start)}: {results['steps']} steps in {duration(results['wall_s'])} "
+        f"{head}: done in {duration(time.perf_counter() - start)}: {results['steps']} steps in {duration(trained)} of training "
         f"({pace:.2f} steps/s{', stopped by train.max_time' if results.get('timed_out') else ''}), "
         f"test BLEU {evaluation['scores']['bleu']['score']:.2f}, {evaluation['sentences_per_s']} sent/s"
     )
@@ -127,16 +166,15 @@ def _start_worker(lines) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-    torch.set_num_threads(1)  # until the run's train.threads; several OpenMP threads are unsafe after fork
+    torch.set_num_threads(1)  # until the run's train.threads
 
 
-def _run_in_worker(number: int, total: int, plan: PlannedRun, test: TestSet, under: float, over: float) -> None:
-    run_one(number, total, plan, test, under, over, _LINES.put)
+def _run_in_worker(number: int, total: int, plan: PlannedRun, test: TestSet, jobs: int) -> None:
+    run_one(number, total, plan, test, jobs, _LINES.put)
 
 
-def run_all(plans: list[PlannedRun], test: TestSet, under: float, over: float, progress: bool = True, jobs: int = 1,
-            echo: Callable[[str], None] | None = None) -> None:
-    """Train and score each planned run, `jobs` at a time (forked processes); `echo` gets the start and end lines
+def run_all(plans: list[PlannedRun], test: TestSet, progress: bool = True, jobs: int = 1, echo: Callable[[str], None] | None = None) -> None:
+    """Train and score each planned run, `jobs` at a time (spawned processes); `echo` gets the start and end lines
     (stdout above the bar by default)."""
     say = echo or (lambda line: tqdm.write(line, file=sys.stdout))
     bar = tqdm(total=len(plans), unit="run", file=sys.stderr, disable=None if progress else True, dynamic_ncols=True)
@@ -144,17 +182,21 @@ def run_all(plans: list[PlannedRun], test: TestSet, under: float, over: float, p
         if jobs == 1 or len(plans) == 1:
             for number, plan in enumerate(plans, 1):
                 bar.set_description(plan.label)
-                run_one(number, len(plans), plan, test, under, over, say)
+                run_one(number, len(plans), plan, test, jobs, say)
                 bar.update(1)
         else:
-            _run_parallel(plans, test, under, over, jobs, say, bar)
+            _run_parallel(plans, test, jobs, say, bar)
     finally:
         bar.close()
 
 
-def _run_parallel(plans: list[PlannedRun], test: TestSet, under: float, over: float, jobs: int, say: Callable[[str], None], bar) -> None:
-    """The runs in a pool of `jobs` forked processes; their lines come back through a queue, in the order they happen."""
-    context = multiprocessing.get_context("fork")
+def _run_parallel(plans: list[PlannedRun], test: TestSet, jobs: int, say: Callable[[str], None], bar) -> None:
+    """The runs in a pool of `jobs` spawned processes; their lines come back through a queue, in the order they happen.
+
+    Spawned, not forked: a forked child of a process that has touched CUDA cannot use it, and OpenMP's
+    threads do not survive a fork. The parent never initialises CUDA (environment.py asks nvidia-smi).
+    """
+    context = multiprocessing.get_context("spawn")
     lines = context.Queue()
 
     def drain() -> None:
@@ -165,7 +207,7 @@ def _run_parallel(plans: list[PlannedRun], test: TestSet, under: float, over: fl
                 return
 
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(lines,)) as pool:
-        pending = {pool.submit(_run_in_worker, n, len(plans), plan, test, under, over) for n, plan in enumerate(plans, 1)}
+        pending = {pool.submit(_run_in_worker, n, len(plans), plan, test, jobs) for n, plan in enumerate(plans, 1)}
         try:
             while pending:
                 done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)

@@ -13,18 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from nmt.compare.collect import RunRecord, TestData
+from nmt.compare.runner import train_seconds
 from nmt.evaluation.metrics import corpus_score
-from nmt.evaluation.significance import paired_bootstrap
+from nmt.evaluation.significance import MIN_SEEDS, cluster_bootstrap, draw_weights, holm, sentence_stats, smallest_bootstrap_p, welch_test
 
 SCORES = ("bleu", "chrf", "ter", "bleu_lc")
 ATTENTION = ("entropy", "max_weight", "coverage", "under_attended", "over_attended", "p_t_diagonal_distance")
 ALIGNMENT = ("aer", "precision", "recall")
-ALPHA = 0.05  # a difference is called significant when the paired bootstrap's p-value is below this (and its interval excludes 0)
-
-
-def significant(result) -> bool:
-    """p < ALPHA and a 95% interval without 0: sacrebleu gives identical outputs p = 1/(samples + 1), their delta 0 on every draw."""
-    return result.p_value < ALPHA and (result.ci_low > 0 or result.ci_high < 0)
+ALPHA = 0.05  # the family-wise error rate of the tests against the baseline (Holm-Bonferroni over the variants)
 
 
 def spread(values: list[float | None]) -> dict:
@@ -53,36 +49,62 @@ def length_buckets(src: list[str], count: int) -> list[tuple[str, list[int]]]:
     return buckets
 
 
+def excludes_zero(result: dict) -> bool:
+    return result["ci_low"] > 0 or result["ci_high"] < 0
+
+
+def decide(boot: dict | None, seeds: dict | None) -> str:
+    """The report's sig.: yes only when both tests (Holm-corrected) call the difference, in the same direction."""
+    if boot is None:
+        return "n/a"
+    if seeds is None:
+        return "bootstrap only: " + ("yes" if boot["holm"] else "no")
+    same_sign = (boot["delta"] > 0) == (seeds["delta"] > 0)
+    return "yes" if boot["holm"] and seeds["holm"] and same_sign else "no"
+
+
 @dataclass
 class Significance:
-    """Paired bootstrap of each variant against the baseline, seeds pooled and seed by seed."""
+    """Each variant against the baseline: the sentence bootstrap (seeds clustered), the seed test, and per seed."""
 
-    signature: str
-    pooled: dict[str, dict]
+    tests: dict[str, dict]  # variant -> {"bootstrap": ..., "seeds": ..., "decision": ...}
     by_seed: dict[str, dict[int, dict]]
+    notes: list[str]
 
 
-def significance(runs: dict[str, list[RunRecord]], baseline: str, refs: list[str], samples: int, seed: int) -> Significance:
-    """Each variant's test output against the baseline's, on the seeds both finished.
-
-    Pooled: the outputs of all those seeds laid end to end (the same seed's baseline output beside each),
-    so a draw resamples (sentence, seed) pairs; by seed: one test per seed.
-    """
-    finished = {name: {r.seed: r.hyps for r in group if r.finished} for name, group in runs.items()}
+def significance(runs: dict[str, list[RunRecord]], baseline: str, refs: list[str], samples: int, seed: int,
+                 alpha: float = ALPHA) -> Significance:
+    """Paired cluster bootstrap over test sentences (on the seeds both finished) and Welch's t-test over seeds, Holm-corrected."""
+    finished = {name: {r.seed: r for r in group if r.finished} for name, group in runs.items()}
     base = finished.get(baseline, {})
-    common = {name: tuple(s for s in outputs if s in base) for name, outputs in finished.items() if name != baseline}
-    signature, pooled, by_seed = "", {}, {name: {} for name, seeds in common.items() if seeds}
-    for seeds in sorted(set(common.values()) - {()}):  # one test per set of seeds, all variants with that set at once
-        names = [name for name, s in common.items() if s == seeds]
-        signature, results = paired_bootstrap([h for s in seeds for h in base[s]], {n: [h for s in seeds for h in finished[n][s]] for n in names},
-                                              refs * len(seeds), samples, seed)
-        pooled |= {n: {**results[n].as_dict(), "seeds": list(seeds), "significant": significant(results[n])} for n in names}
-    for s in base:
-        names = [name for name, seeds in common.items() if s in seeds]
-        _, results = paired_bootstrap(base[s], {n: finished[n][s] for n in names}, refs, samples, seed)
-        for n in names:
-            by_seed[n][s] = {**results[n].as_dict(), "significant": significant(results[n])}
-    return Significance(signature, pooled, by_seed)
+    names = [name for name in finished if name != baseline and finished[name]]
+    stats = {name: {s: sentence_stats(r.hyps, refs) for s, r in seeds.items()} for name, seeds in finished.items()}
+    weights = draw_weights(len(refs), samples, seed) if refs else None  # the same draws for every variant
+    boot, seed_test, by_seed = {}, {}, {name: {} for name in names}
+    for name in names:
+        common = sorted(set(finished[name]) & set(base))
+        if common:
+            result = cluster_bootstrap(np.stack([stats[baseline][s] for s in common]), np.stack([stats[name][s] for s in common]),
+                                       common, samples, seed, weights)
+            boot[name] = {**result.as_dict(), "significant_raw": result.p_value < alpha and excludes_zero(result.as_dict())}
+        welch = welch_test([r.score("bleu") for r in base.values()], [r.score("bleu") for r in finished[name].values()])
+        if welch is not None:
+            seed_test[name] = {**welch.as_dict(), "significant_raw": welch.p_value < alpha}
+        for s in common:
+            one = cluster_bootstrap(stats[baseline][s][None], stats[name][s][None], [s], samples, seed, weights)
+            by_seed[name][s] = one.as_dict()
+    for results in (boot, seed_test):
+        corrected = holm({name: r["p_value"] for name, r in results.items()}, alpha)
+        for name, r in results.items():
+            r["holm"] = corrected[name] and excludes_zero(r)
+    tests = {name: {"bootstrap": boot.get(name), "seeds": seed_test.get(name),
+                    "decision": decide(boot.get(name), seed_test.get(name))} for name in names}
+    notes = []
+    if boot and smallest_bootstrap_p(samples) >= alpha / len(boot):
+        notes.append(f"with bootstrap={samples} the smallest bootstrap p is 1/{samples + 1} = {smallest_bootstrap_p(samples):.4f}, not below "
+                     f"Holm's first threshold alpha/{len(boot)} = {alpha / len(boot):.4f}: no variant can pass the corrected test; "
+                     f"give bootstrap={int(len(boot) / alpha) * 2} or more")
+    return Significance(tests, by_seed, notes)
 
 
 def bucket_bleu(run: RunRecord, refs: list[str], buckets: list[tuple[str, list[int]]]) -> list[float]:
@@ -95,6 +117,17 @@ def best_valid_ppl(run: RunRecord) -> float | None:
     """Validation perplexity at the step of the checkpoint that was scored (best.pt), from train.log."""
     point = run.curve.at_step(run.evaluation["checkpoint_step"]) if run.evaluation else None
     return point[3] if point else None
+
+
+def layer_means(records: list[dict | None]) -> dict | None:
+    """A Transformer's test AER per decoder layer over seeds, and the layers chosen (on validation) for the main figure."""
+    present = [r for r in records if r]
+    if not present:
+        return None
+    layers = len(present[0]["test"])
+    return {"test_aer": [spread([r["test"][i]["aer"] for r in present if len(r["test"]) == layers]) for i in range(layers)],
+            "valid_aer": [spread([r["valid"][i]["aer"] for r in present if r.get("valid")]) for i in range(layers)],
+            "best_layers": [r["best_layer"] + 1 for r in present], "chosen_on": sorted({r["chosen_on"] for r in present})}
 
 
 def variant_summary(name: str, overrides: list[str], group: list[RunRecord], refs: list[str], buckets: list[tuple[str, list[int]]]) -> dict:
@@ -113,29 +146,56 @@ def variant_summary(name: str, overrides: list[str], group: list[RunRecord], ref
         "valid_ppl": spread([best_valid_ppl(r) for r in done]),
         "parameters": evals[0]["parameters"] if evals else None,  # type: ignore[index]
         "steps": spread([res["steps"] for res in results]),  # type: ignore[index]
-        "train_seconds": spread([res["wall_s"] for res in results]),  # type: ignore[index]
-        "steps_per_s": spread([res["steps"] / res["wall_s"] if res["wall_s"] else None for res in results]),  # type: ignore[index]
+        "train_seconds": spread([train_seconds(res) for res in results]),  # type: ignore[arg-type]
+        "wall_seconds": spread([res["wall_s"] for res in results]),  # type: ignore[index]
+        "valid_seconds": spread([res.get("valid_s") for res in results]),  # type: ignore[union-attr]
+        "train_cpu_seconds": spread([res.get("train_cpu_s") for res in results]),  # type: ignore[union-attr]
+        "steps_per_s": spread([res["steps"] / train_seconds(res) if train_seconds(res) else None for res in results]),  # type: ignore[index,arg-type]
         "train_tokens_per_s": spread([res["train_tokens_per_s"] for res in results]),  # type: ignore[index]
         "timed_out": sum(bool(res.get("timed_out")) for res in results),  # type: ignore[union-attr]
         "best_step": spread([e["checkpoint_step"] for e in evals]),  # type: ignore[index]
         "decode_sentences_per_s": spread([e["sentences_per_s"] for e in evals]),  # type: ignore[index]
         "attention": {key: spread([e["attention"][key] for e in evals]) for key in ATTENTION},  # type: ignore[index]
-        "alignment": {key: spread([a[key] for a in alignments]) for key in ALIGNMENT} if alignments else None,
+        "alignment": {**{key: spread([a[key] for a in alignments]) for key in ALIGNMENT},
+                      "scored": [a.get("scored") for a in alignments], "skipped": [a.get("skipped") for a in alignments],
+                      "layer": sorted({a.get("layer") or "last, mean over heads" for a in alignments})} if alignments else None,
+        "alignment_by_layer": layer_means([e.get("alignment_by_layer") for e in evals]),  # type: ignore[union-attr]
         "length_bleu": [spread([b[k] for b in per_bucket]) for k in range(len(buckets))],
     }
+
+
+CONDITIONS = ("threads", "precision", "batch_tokens", "accumulate", "budget_clock", "jobs", "device")  # how a run trained
+
+
+def run_conditions(run: RunRecord) -> list[tuple]:
+    """The training conditions of each part of a run (a resumed run has several): RUN/conditions.json, else results.json."""
+    parts = run.conditions or [{"threads": (run.results or {}).get("threads"), "precision": (run.results or {}).get("precision")}]
+    return [tuple(part.get(key) for key in CONDITIONS) for part in parts]
 
 
 def consistency(runs: list[RunRecord]) -> dict:
     """What must be equal across the finished runs for the comparison to be fair, with the values found."""
     done = [r for r in runs if r.finished]
-    found = lambda get: sorted({get(r) for r in done})  # noqa: E731
+    found = lambda get: sorted({get(r) for r in done}, key=str)  # noqa: E731
+    conditions = sorted({c for r in done for c in run_conditions(r)}, key=str)
+    usual = max(conditions, key=lambda c: sum(c in run_conditions(r) for r in done)) if conditions else None
     return {
         "tokenizer_sha256": found(lambda r: r.evaluation["tokenizer_sha256"]),
         "test_sha256": found(lambda r: r.evaluation["test_sha256"]),
         "decode": found(lambda r: r.evaluation["decode"]),
         "signatures": {metric: found(lambda r, m=metric: r.evaluation["scores"][m]["signature"]) for metric in SCORES},
-        "budget": found(lambda r: (r.config.train.max_steps, r.config.train.max_time, r.config.train.max_epochs) if r.config else None),
+        "budget": found(lambda r: (r.config.train.max_steps, r.config.train.max_time, r.config.train.max_epochs, r.config.train.budget_clock)
+                        if r.config else None),
+        "conditions": [dict(zip(CONDITIONS, c)) for c in conditions],
+        "other_conditions": [f"{r.variant} seed {r.seed}" for r in done if any(c != usual for c in run_conditions(r))],
     }
+
+
+def differences(check: dict) -> list[str]:
+    """What the finished runs do not share (empty: the headline 'same data, tokenizer, budget, decoding' holds)."""
+    names = {"tokenizer_sha256": "tokenizer", "test_sha256": "test set", "decode": "decoding settings", "budget": "training budget",
+             "conditions": "training conditions (threads, precision, batching, runs side by side)"}
+    return [label for key, label in names.items() if len(check[key]) > 1]
 
 
 def summarize(runs: dict[str, list[RunRecord]], overrides: dict[str, list[str]], baseline: str, test: TestData,
@@ -144,13 +204,16 @@ def summarize(runs: dict[str, list[RunRecord]], overrides: dict[str, list[str]],
     buckets = length_buckets(test.src, bucket_count)
     variants = [variant_summary(name, overrides[name], group, test.ref, buckets) for name, group in runs.items()]
     tests = significance(runs, baseline, test.ref, samples, seed)
+    means = {v["name"]: v["bleu"]["mean"] for v in variants}
     for variant in variants:
-        variant["significance"] = tests.pooled.get(variant["name"])
-        variant["significance_by_seed"] = tests.by_seed.get(variant["name"], {})
+        name = variant["name"]
+        variant["delta_bleu"] = means[name] - means[baseline] if name != baseline and None not in (means[name], means.get(baseline)) else None
+        variant["significance"] = tests.tests.get(name)
+        variant["significance_by_seed"] = tests.by_seed.get(name, {})
     return {
         "baseline": baseline,
         "variants": variants,
         "length_buckets": [{"words": label, "sentences": len(lines)} for label, lines in buckets],
-        "bootstrap": {"signature": tests.signature, "samples": samples, "seed": seed},
+        "bootstrap": {"samples": samples, "seed": seed, "alpha": ALPHA, "min_seeds": MIN_SEEDS, "notes": tests.notes},
         "consistency": consistency([r for group in runs.values() for r in group]),
     }

@@ -61,7 +61,10 @@ def read_pharaoh(path: str | Path, src: list[str], tgt: list[str]) -> list[GoldA
         alignment = parse_pharaoh(line, f"{path}:{k + 1}")
         n_src, n_tgt = len(s.split()), len(t.split())
         if bad := [f"{i}-{j}" for i, j in sorted(alignment.possible) if i >= n_src or j >= n_tgt]:
-            raise NmtError(f"{path}:{k + 1}: link {bad[0]} points past the sentence pair ({n_src} source words, {n_tgt} target words)")
+            flipped = all(j < n_src and i < n_tgt for i, j in alignment.possible)
+            hint = "; the links fit the other way round: is the file target-source?" if flipped else ""
+            raise NmtError(f"{path}:{k + 1}: link {bad[0]} points past the sentence pair ({n_src} source words, {n_tgt} target words); "
+                           f"expected source-target links i-j, 0-based{hint}")
         gold.append(alignment)
     return gold
 

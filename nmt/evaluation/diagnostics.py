@@ -1,8 +1,11 @@
 """What attention looks like, summed over a test set: entropy, peak weight, coverage, local-p's p_t.
 
-Each matrix is one sentence's attention (T output steps, S source tokens + </s>), rows a_t:
-    entropy     H(a_t) = -sum_s a_t(s) log a_t(s)   in nats, of the row renormalised to sum to 1
-                (local-p rows sum to at most 1; 0 log 0 = 0); 0 for one-hot rows, log S for uniform ones
+Each matrix is one sentence's attention (T output steps, S source tokens + </s>), rows a_t. Every
+figure is computed on rows renormalised to sum to 1, for every variant alike: local-p multiplies its
+softmax weights by a Gaussian (Luong et al. 2015, eq. 10) and does not renormalise, so its raw rows sum
+to less than 1 and would show less coverage and smaller peaks for that reason alone (for the other
+variants the renormalisation changes nothing but rounding):
+    entropy     H(a_t) = -sum_s a_t(s) log a_t(s)   in nats (0 log 0 = 0); 0 for one-hot rows, log S for uniform ones
     max weight  max_s a_t(s)
     coverage    c_s = sum_t a_t(s), the attention mass source token s receives over the whole output
                 (the </s> column is left out); a token with c_s < `under` is under-attended, one with
@@ -19,10 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def renormalised(matrix: np.ndarray) -> np.ndarray:
+    """(T, S) rows scaled to sum to 1 (an all-zero row stays zero)."""
+    rows = np.asarray(matrix, dtype=np.float64)
+    return rows / np.maximum(rows.sum(1, keepdims=True), 1e-30)
+
+
 def row_entropy(matrix: np.ndarray) -> np.ndarray:
     """(T,) entropy in nats of each row renormalised to sum to 1."""
-    rows = np.asarray(matrix, dtype=np.float64)
-    p = rows / np.maximum(rows.sum(1, keepdims=True), 1e-30)
+    p = renormalised(matrix)
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(p > 0, -p * np.log(p), 0.0)
     return terms.sum(1)
@@ -60,6 +68,7 @@ class AttentionStats:
         """One sentence's attention (T, S + 1) and, for local-p, its predicted positions p_t (T,)."""
         if matrix.size == 0:
             return
+        matrix = renormalised(matrix)
         self.steps += matrix.shape[0]
         self.entropy += float(row_entropy(matrix).sum())
         self.max_weight += float(np.asarray(matrix).max(1).sum())

@@ -44,7 +44,7 @@ def _ct2():
     try:
         import ctranslate2
     except ImportError:
-        raise NmtError("format=ctranslate2 needs the ctranslate2 package: pip install 'nmt[ct2]' (or pip install ctranslate2)") from None
+        raise NmtError("format=ctranslate2 needs the ctranslate2 package: pip install 'nmt-attention[ct2]' (or pip install ctranslate2)") from None
     return ctranslate2
 
 

@@ -33,9 +33,8 @@ import torch
 from torch import nn
 
 from nmt.errors import NmtError
+from nmt.models.checks import KINDS, WINDOWS, check_attention  # noqa: F401 (re-exported)
 
-WINDOWS = ("global", "local_m", "local_p")
-KINDS = ("soft", "hard")
 
 
 def masked_log_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -180,13 +179,17 @@ class LocalWindow(Attention):
         return self.scorer.score(query, prepared)
 
     def positions(self, query: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None) -> torch.Tensor:
-        """Aligned source positions p_t (B, T), real-valued for local-p."""
+        """Aligned source positions p_t (B, T), real-valued for local-p; always fp32.
+
+        Positions, distances and the Gaussian stay in fp32 under bf16 autocast: bf16 has 8 significant bits,
+        so above 256 positions collide and a p_t of 200.4 would become 200.0.
+        """
         length = mask.sum(1, keepdim=True)  # (B, 1) S_b
         if self.predictive:
-            return length * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query)))).squeeze(-1)  # eq. 9
+            return length * torch.sigmoid(self.v_p(torch.tanh(self.W_p(query))).float()).squeeze(-1)  # eq. 9
         if steps is None:
             raise ValueError("local_m attention needs the target positions (steps)")
-        return torch.minimum(steps, length - 1).to(query.dtype)
+        return torch.minimum(steps, length - 1).float()
 
     def band(
         self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
@@ -203,7 +206,7 @@ class LocalWindow(Attention):
         width = min(2 * self.size + 2, S)
         start = torch.floor(p - self.size).long().clamp(0, S - width)  # (B, T)
         source = start[:, :, None] + torch.arange(width, device=query.device)  # (B, T, W) s
-        distance = source.to(query.dtype) - p[:, :, None]  # (B, T, W): s - p_t
+        distance = source.float() - p[:, :, None]  # (B, T, W): s - p_t, fp32
         inside = (distance.abs() <= self.size) & mask.gather(1, source.flatten(1)).view(B, T, width)
         keys = gather_rows(prepared, source).flatten(0, 1)  # (B * T, W, *)
         scores = self.score(query.reshape(B * T, 1, -1), keys).view(B, T, width)
@@ -241,8 +244,8 @@ class LocalWindow(Attention):
         (and whose cost scripts/bench_attention.py compares).
         """
         p = self.positions(query, mask, steps)  # (B, T)
-        source = torch.arange(mask.size(1), device=query.device, dtype=query.dtype)
-        distance = source[None, None, :] - p[:, :, None]  # (B, T, S): s - p_t
+        source = torch.arange(mask.size(1), device=query.device, dtype=torch.float32)
+        distance = source[None, None, :] - p[:, :, None]  # (B, T, S): s - p_t, fp32
         inside = (distance.abs() <= self.size) & mask[:, None, :]
         return self.in_window(self.score(query, prepared), distance, inside)
 
@@ -314,18 +317,6 @@ SCORES: dict[str, Callable[[int, int, int, int], Attention]] = {
     "concat": lambda q, k, a, p: Concat(q, k, a),
     "location": lambda q, k, a, p: Location(q, p),
 }
-
-
-def check_attention(score: str, window: str, kind: str) -> None:
-    """Fail on an unknown name, listing the valid ones, or on a combination that does not exist."""
-    for key, value, valid in (("score", score, tuple(SCORES)), ("window", window, WINDOWS), ("attention", kind, KINDS)):
-        if value not in valid:
-            raise NmtError(f"model.{key}={value}: unknown; expected one of {', '.join(valid)}")
-    if score == "location" and window != "global":
-        raise NmtError(
-            f"model.score=location with model.window={window}: location attention is global only "
-            "(it scores absolute positions); use another score or window=global"
-        )
 
 
 def make_attention(

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from nmt.config import ModelConfig
-from nmt.errors import NmtError
+from nmt.models.checks import check_model_config
 
 State = dict[str, torch.Tensor]
 Enc = dict[str, torch.Tensor]
@@ -115,6 +115,7 @@ def _build_rnn(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) ->
         gumbel_tau=cfg.gumbel_tau,
         max_src_len=cfg.max_src_len,
         tie_output=cfg.tie_embeddings,
+        embed_scale=cfg.embed_scale,
     )
 
 
@@ -123,23 +124,6 @@ BUILDERS: dict[str, Callable[[ModelConfig, int, int, bool], Seq2Seq]] = {
     "bahdanau": _build_rnn,  # Bahdanau et al. 2014 (nmt/models/bahdanau.py)
     "luong": _build_rnn,  # Luong et al. 2015 (nmt/models/luong.py)
 }
-
-
-def check_model_config(cfg: ModelConfig) -> None:
-    """Names and sizes the builder could not use, caught at composition (ModelConfig runs this).
-
-    Every name is checked whichever arch reads it, so a typo never passes because this arch ignores the key.
-    """
-    from nmt.models.rnn import check_rnn, check_rnn_names
-
-    if cfg.arch not in BUILDERS:
-        raise NmtError(f"model.arch={cfg.arch}: unknown; expected one of {', '.join(sorted(BUILDERS))}")
-    check_rnn_names(cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention)
-    if cfg.arch == "transformer" and cfg.dim % cfg.heads:
-        raise NmtError(f"model.dim={cfg.dim} with model.heads={cfg.heads}: the model dim must be a multiple of the number of heads")
-    if cfg.arch in ("bahdanau", "luong"):
-        embed_dim = cfg.dim if cfg.embed_dim is None else cfg.embed_dim
-        check_rnn(cfg.arch, cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention, cfg.dim, embed_dim, cfg.bidirectional, cfg.tie_embeddings)
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, joint: bool) -> Seq2Seq:

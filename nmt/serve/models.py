@@ -105,8 +105,7 @@ class ServedModel:
 
 def load_model(name: str, checkpoint: str, decode: DecodeConfig, device: torch.device) -> ServedModel:
     """Read a checkpoint file or run dir (its best checkpoint) once, for serving."""
-    from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
+    from nmt.api import load_model as load
 
-    payload = load_checkpoint(checkpoint, device)
-    model, tokenizer, cfg = model_from_checkpoint(payload, device)
-    return ServedModel(name, Translator(model, tokenizer, decode, device), cfg, payload["step"], payload["path"])
+    loaded = load(checkpoint, decode.precision, device)  # the API's one loading path: decode.precision as everywhere
+    return ServedModel(name, Translator(loaded.model, loaded.tokenizer, decode, device), loaded.config, loaded.step, loaded.path)

@@ -27,7 +27,7 @@ from nmt.fileio import atomic_open, fsync_dir
 from nmt.models.seq2seq import Seq2Seq, build_model
 
 FORMAT = "nmt-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: model.embed_scale exists (RNN embeddings read out times sqrt(E)); a version-1 config reads as embed_scale=false
 BEST, LAST = "best.pt", "last.pt"
 STEP_NAME = re.compile(r"step_(\d+)\.pt")
 REQUIRED = {"model": dict, "config": str, "tokenizer": dict, "step": int}
@@ -133,9 +133,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def checkpoint_config(payload: dict[str, Any]) -> Config:
     """The config a checkpoint was trained with."""
     try:
-        return config_from_yaml(payload["config"])
+        cfg = config_from_yaml(payload["config"])
     except Exception as err:  # omegaconf raises many types; all mean "not a valid saved config"
         raise NmtError(f"{payload['path']}: the checkpoint's config is not valid ({str(err).splitlines()[0]})") from None
+    if payload.get("version", 1) < 2:  # trained before model.embed_scale existed: its RNN embeddings read out as stored
+        cfg.model.embed_scale = False
+    return cfg
 
 
 def checkpoint_tokenizer(payload: dict[str, Any]) -> Tokenizer:

@@ -28,10 +28,22 @@ def native_bf16(device: torch.device) -> bool:
         return False
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return cpu_has_bf16(f.read())
     except OSError:  # not Linux: no cheap way to tell, so stay exact
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_bf16(cpuinfo: str) -> bool:
+    """Whether a /proc/cpuinfo text lists bf16 matrix instructions (AVX512-BF16 or AMX-BF16) on its first CPU
+    (x86 "flags"; on ARM "Features" with "bf16", e.g. Neoverse V1/Graviton3)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            flags = value.split()
+            return "avx512_bf16" in flags or "amx_bf16" in flags
+        if key.strip() == "Features":
+            return "bf16" in value.split()
+    return False
 
 
 def resolve_precision(name: str, device: torch.device) -> str:

@@ -44,7 +44,8 @@ class CheckpointState:
             "batch_in_epoch": self.batch_in_epoch,
             "batching": {"batch_tokens": self.batching[0], "seed": self.batching[1], "subword_alphas": list(self.batching[2])},
             "pairs": pairs_fingerprint(self.src_lens, self.tgt_lens),
-            "elapsed": self.elapsed(),
+            "elapsed": self.clock.wall(),
+            "clock": self.clock.state(),
             "stopping": self.stopping.state(),
             "bad_steps": self.guard.state(),
             "last_valid": self.last_valid,
@@ -52,10 +53,17 @@ class CheckpointState:
             "rng_by_rank": rng_by_rank,
             "sampling_rng": self.translator.generator.get_state(),
             "precision": self.precision.state(),
+            "world_size": self.dist.world,
+            "accumulate": self.cfg.train.accumulate,
+            "batch_changes": self.batch_changes,
         }
 
     def save(self, best: bool = False) -> None:
         """Write checkpoints/step_N.pt (once per step), point last.pt (and best.pt) at it, drop old ones (rank 0)."""
+        with self.clock.outside("save"):
+            self._save(best)
+
+    def _save(self, best: bool) -> None:
         folder = self.run_dir / "checkpoints"
         path = folder / step_name(self.step)
         if self.saved_step != self.step:
@@ -90,7 +98,7 @@ class CheckpointState:
             if "sampling_rng" in state:
                 self.translator.generator.set_state(state["sampling_rng"])
             self.precision.load(state.get("precision", {}))
-            self.elapsed_before = float(state.get("elapsed", 0.0))
+            self.clock.load(state.get("clock"), float(state.get("elapsed", 0.0)))
             saved_batching = state.get("batching")
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
             raise NmtError(f"{where}: its training state is incomplete or corrupt ({type(err).__name__}: {err})") from None
@@ -98,6 +106,8 @@ class CheckpointState:
             alphas = tuple(float(a) for a in saved_batching.get("subword_alphas", (0.0, 0.0)))  # none before sampling existed
             self.batching = (int(saved_batching["batch_tokens"]), int(saved_batching["seed"]), alphas)
         self._check_pairs(state.get("pairs"), where)
+        self.batch_changes = list(state.get("batch_changes", []))
+        self._note_global_batch(int(state.get("world_size", len(by_rank))), int(state.get("accumulate", self.cfg.train.accumulate)))
         self._apply_schedule()
         self.saved_step = self.step
         folder = self.run_dir / "checkpoints"
@@ -114,6 +124,16 @@ class CheckpointState:
             )
         elif self.batch_in_epoch == 0:
             self.batching = now
+
+    def _note_global_batch(self, world: int, accumulate: int) -> None:
+        """Another world size (or train.accumulate) changes the global batch: say so in the log and results.json.
+
+        The data position counts batches, not updates, so the epoch goes on from the next batch either way."""
+        before, now = accumulate * world, self.cfg.train.accumulate * self.dist.world
+        if before != now:
+            change = f"world size {world} -> {self.dist.world}, train.accumulate {accumulate} -> {self.cfg.train.accumulate}: global batch x{now / before:g}"
+            self.log(f"resume: {change} (each update now takes {now} batches of train.batch_tokens)")
+            self.batch_changes.append({"step": self.step, "change": change})
 
     def _check_pairs(self, saved: str | None, where: str) -> None:
         """Mid-epoch, the position means something only in the same training pairs."""

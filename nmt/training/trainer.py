@@ -32,6 +32,7 @@ from nmt.fileio import atomic_open
 from nmt.models.seq2seq import build_model
 from nmt.runtime import resolve_device, seed_everything
 from nmt.training.checkpoint import checkpoint_tokenizer, load_weights, remove_stale_temporaries
+from nmt.training.clock import Clock
 from nmt.training.distributed import Distributed
 from nmt.training.loss import smoothed_cross_entropy
 from nmt.training.position import DataPosition
@@ -76,11 +77,12 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self.translator = Translator(self.model, tok, cfg.decode, self.device)
         self.step = self.epoch = self.batch_in_epoch = 0
         self.batching = self.batching_now()  # the current epoch's batches were made with these
-        self.elapsed_before = 0.0  # seconds of training in earlier runs of a resumed run
+        self.clock = Clock()  # training, validation and saving seconds, over every part of a resumed run
         self.saved_step: int | None = None  # the step of checkpoints/last.pt
         self.last_valid: dict[str, float] = {}
         self.bleu_signature: str | None = None
         self.timed_out = False
+        self.batch_changes: list[dict] = []  # resumes that changed the global batch (world size, accumulate)
         self.train_pairs = self.data.splits["train"]  # this epoch's encoding of the training pairs (resampled with data.*_subword_alpha)
         self.src_lens, self.tgt_lens = self.train_pairs.lengths()  # in the cache's encoding: what identifies the pairs on resume
         self.epoch_lens = (self.src_lens, self.tgt_lens)  # in this epoch's encoding: what batching reads
@@ -89,6 +91,9 @@ class Trainer(CheckpointState, Validation, DataPosition):
         world = f", {self.dist.world} processes (torchrun)" if self.dist.enabled else ""
         self.log(f"model: {cfg.model.arch}, {n_params:,} parameters; device {self.device}, {self.precision.name}{world}")
         self._warn_oversubscribed()
+        if checkpoint is None and max(tok.src_vocab_size, tok.tgt_vocab_size) < cfg.data.vocab_size:
+            self.log(f"warning: data.vocab_size={cfg.data.vocab_size} is more than this training corpus supports; SentencePiece made "
+                     f"{tok.src_vocab_size}/{tok.tgt_vocab_size} (source/target), used instead (results.json: vocab_size_used)")
         if cfg.data.src_subword_alpha or cfg.data.tgt_subword_alpha:
             self.log(f"data: training subwords sampled afresh each epoch (alpha: source {cfg.data.src_subword_alpha}, target {cfg.data.tgt_subword_alpha})")
         if checkpoint is not None and cfg.resume is not None:
@@ -182,12 +187,14 @@ class Trainer(CheckpointState, Validation, DataPosition):
 
     # --- the loop ------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return self.elapsed_before + time.perf_counter() - self._fit_start
+        """Seconds of training by train.budget_clock (validation and checkpoint saving not counted), all parts."""
+        return self.clock.train_seconds(self.cfg.train.budget_clock)
 
     def fit(self) -> dict:
         """Train until a limit (steps, epochs, time) or early stopping; returns and writes results.json."""
         cfg = self.cfg.train
-        self._fit_start, total = time.perf_counter(), Meter()
+        self.clock.start()
+        total = Meter()
         max_time_s = cfg.max_time * 60 if cfg.max_time is not None else None
         progress = Progress(self.log, self.run_dir / "tb" if self.dist.main else None, cfg.max_steps, max_time_s, self.step, self.elapsed(), cfg.progress)
         try:
@@ -227,13 +234,17 @@ class Trainer(CheckpointState, Validation, DataPosition):
             self.step += 1
             seconds = time.perf_counter() - t0
             total.add(loss, tokens, seconds)
+            self.clock.tokens += tokens
             progress.update(loss, tokens, seconds)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 progress.report(self.step, self.epoch + self.batch_in_epoch / len(self._batches), self.scheduler.get_last_lr()[0], self.elapsed())
             if max_time_s is not None:
                 self.timed_out = self.dist.agree(self.elapsed() >= max_time_s, self.device)
                 if self.timed_out:
-                    self.log(f"step {self.step} | train.max_time={cfg.max_time} minutes reached after {self.elapsed():.0f} s: stopping")
+                    self.log(
+                        f"step {self.step} | train.max_time={cfg.max_time} minutes of training ({cfg.budget_clock} clock) reached "
+                        f"after {self.elapsed():.0f} s: stopping"
+                    )
             self._after_update(progress)
 
     def _after_update(self, progress: Progress) -> None:
@@ -250,8 +261,9 @@ class Trainer(CheckpointState, Validation, DataPosition):
         return {
             "steps": self.step,
             "epochs": round(self.epoch + self.batch_in_epoch / max(1, len(self._batches)), 3),
-            "wall_s": round(self.elapsed(), 2),
-            "train_tokens_per_s": round(total.tokens_per_s, 1),
+            **self.clock.summary(),
+            "budget_clock": self.cfg.train.budget_clock,
+            "threads": torch.get_num_threads(),
             **{k: round(v, 4) for k, v in self.last_valid.items() if k != "step"},
             "best": {"metric": self.stopping.metric, "score": round(best[1], 4), "step": best[0]} if best else None,
             "early_stopped": self.stopping.should_stop,
@@ -262,4 +274,6 @@ class Trainer(CheckpointState, Validation, DataPosition):
             "precision": self.precision.name,
             "world_size": self.dist.world,
             "accumulate": self.cfg.train.accumulate,
+            "global_batch_changes": self.batch_changes,
+            "vocab_size_used": [self.data.tokenizer.src_vocab_size, self.data.tokenizer.tgt_vocab_size],
         }

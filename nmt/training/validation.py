@@ -6,6 +6,7 @@ rank 0 validates and the others receive its figures, so every process takes the 
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -13,7 +14,8 @@ import torch
 from nmt.data.batching import token_batches
 from nmt.evaluation.metrics import corpus_score
 from nmt.training.checkpoint import BEST
-from nmt.translation import decode_settings
+from nmt.models.quantize import to_precision
+from nmt.translation import Translator, decode_settings
 
 
 class Validation:
@@ -32,7 +34,7 @@ class Validation:
                 total += float(self.loss(batch, 0.0, self.model))  # the bare model: only rank 0 validates
             tokens += batch.target_tokens
         n = self.cfg.train.valid_bleu_sentences or len(split)
-        hyps = self.translator.translate(split.src_text[:n])
+        hyps = self.validation_translator().translate(split.src_text[:n])
         bleu, chrf = corpus_score("bleu", hyps, split.tgt_text[:n]), corpus_score("chrf", hyps, split.tgt_text[:n])
         loss = total / max(tokens, 1)
         result = {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 50)), "valid_bleu": bleu.score, "valid_chrf": chrf.score}
@@ -43,9 +45,20 @@ class Validation:
         self.bleu_signature = bleu.signature
         return result
 
+    def validation_translator(self):
+        """The translator of validation BLEU: in decode.precision, like nmt-translate (a converted copy of the model)."""
+        precision = self.cfg.decode.precision
+        if precision == "fp32":
+            return self.translator
+        converted = to_precision(copy.deepcopy(self.model).eval(), precision)
+        translator = Translator(converted, self.translator.tokenizer, self.cfg.decode, self.device, self.translator.warn)
+        translator.generator = self.translator.generator  # sampling continues the run's stream (saved for resume)
+        return translator
+
     def validate_all(self) -> dict[str, float]:
-        """Rank 0 validates; every process gets its figures."""
-        return self.dist.broadcast(self.validate() if self.dist.main else None)
+        """Rank 0 validates; every process gets its figures (its time is not training time: see clock.py)."""
+        with self.clock.outside("valid"):
+            return self.dist.broadcast(self.validate() if self.dist.main else None)
 
     def after_validation(self, result: dict[str, float], progress) -> tuple[bool, bool]:
         """Log the scalars and rank the score: (a new best?, worth keeping a checkpoint for?)."""

@@ -1,0 +1,276 @@
+"""The Python API: load a trained model and translate, score translations, train from recipes.
+
+    import nmt
+    model = nmt.load("runs/m30k_transformer")              # a run dir or a checkpoint file; device, precision
+    model.translate(["A man rides a bike."], beam=5)        # -> ["Ein Mann fährt Fahrrad."]
+    model.translate(lines, beam=5, nbest=3, return_attention=True)   # -> [Result, ...]
+    model.translate_file("in.txt", "out.txt", batch_size=64)
+    nmt.score(hypotheses, references)                       # sacrebleu BLEU, chrF, TER with signatures
+    nmt.train(["experiment=quickstart", "run_dir=runs/q"])  # -> TrainResult(run_dir, results)
+
+This is the one way in: the command-line tools, the server and nmt-compare load models through
+`load_model` here, so a setting such as decode.precision means the same everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt.config import Config, DecodeConfig, check_fields
+from nmt.data.corpus import iter_lines
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import NmtError
+from nmt.fileio import atomic_open
+from nmt.models.ensemble import Ensemble
+from nmt.models.quantize import PRECISIONS, to_precision
+from nmt.models.seq2seq import Seq2Seq
+from nmt.runtime import resolve_device
+from nmt.translation import Translation, Translator
+
+PathLike = str | os.PathLike
+
+__all__ = ["Model", "Result", "Score", "TrainResult", "load", "load_model", "load_translator", "score", "train"]
+
+
+# --- loading: the one path -------------------------------------------------------------------------------------
+@dataclass
+class Loaded:
+    """A model ready to decode (in its precision, eval mode), its tokenizer, training config, step and checkpoint path."""
+
+    model: Seq2Seq | Ensemble
+    tokenizer: Tokenizer
+    config: Config
+    step: int
+    path: str
+
+
+def load_model(checkpoint: str | PathLike | Sequence[PathLike], precision: str = "fp32", device: torch.device | str = "cpu") -> Loaded:
+    """The model of a checkpoint (file or run dir: its best checkpoint), or the ensemble of several (a list, or
+    one string with commas), converted to `precision` (fp32, bf16 or int8 linear layers) for decoding.
+
+    The models of an ensemble must share the tokenizer (a checkpoint with another vocabulary is named in the error).
+    """
+    from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
+
+    if precision not in PRECISIONS:
+        raise NmtError(f"precision={precision}: expected one of {', '.join(PRECISIONS)}")
+    device = resolve_device(device, key="device") if isinstance(device, str) else device
+    paths = [str(p) for p in checkpoint] if isinstance(checkpoint, (list, tuple)) else [p for p in str(checkpoint).split(",") if p]
+    if not paths:
+        raise NmtError("checkpoint: expected a checkpoint file or a run dir")
+    payloads = [load_checkpoint(path, device) for path in paths]
+    loaded = [model_from_checkpoint(payload, device) for payload in payloads]
+    tokenizer, train_cfg = loaded[0][1], loaded[0][2]
+    for path, (_, other, _) in zip(paths[1:], loaded[1:]):
+        if other.state() != tokenizer.state():
+            raise NmtError(f"{path}: its vocabulary differs from {paths[0]}'s; the models of an ensemble must share one tokenizer")
+    models = [to_precision(model, precision) for model, _, _ in loaded]
+    model = models[0] if len(models) == 1 else Ensemble(models).eval()
+    return Loaded(model, tokenizer, train_cfg, payloads[0]["step"], payloads[0]["path"])
+
+
+def load_translator(checkpoint: str, decode: DecodeConfig, device_name: str, threads: int | None = None) -> tuple[Translator, Config]:
+    """A Translator for a checkpoint file or run dir (or a comma-separated ensemble), and the config it was trained with."""
+    device = resolve_device(device_name, key="device")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    loaded = load_model(checkpoint, decode.precision, device)
+    return Translator(loaded.model, loaded.tokenizer, decode, device), loaded.config
+
+
+# --- results ---------------------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    """One input line translated: its hypotheses (best first) with scores, subword tokens and attention if asked."""
+
+    source: str
+    hypotheses: list[str]  # [] for a blank line
+    scores: list[float]  # length-normalised log-probabilities (the search's ranking)
+    tokens: list[list[str]]  # each hypothesis's target subwords
+    source_tokens: list[str]  # the source subwords as translated (cut to decode.max_src_len), then </s>
+    attention: list[np.ndarray] | None = None  # per hypothesis (output steps incl. EOS, source tokens incl. </s>)
+
+    @property
+    def text(self) -> str:
+        """The best hypothesis ('' for a blank line)."""
+        return self.hypotheses[0] if self.hypotheses else ""
+
+
+@dataclass
+class Score:
+    """A corpus score and its sacrebleu signature."""
+
+    score: float
+    signature: str
+
+    def __float__(self) -> float:
+        return self.score
+
+
+# --- the model -------------------------------------------------------------------------------------------------
+_DECODE_KEYS = {f.name for f in fields(DecodeConfig)}
+
+
+class Model:
+    """A trained model ready to translate (made by `nmt.load`)."""
+
+    def __init__(self, loaded: Loaded, decode: DecodeConfig, device: torch.device, source: str):
+        self.loaded, self.decode, self.device, self.source = loaded, decode, device, source
+
+    @property
+    def config(self) -> Config:
+        """The resolved config the model was trained with."""
+        return self.loaded.config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.loaded.tokenizer
+
+    def __repr__(self) -> str:
+        m = self.config.model
+        return f"nmt.Model({self.source!r}, arch={m.arch}, step={self.loaded.step}, device={self.device}, {self.decode.precision})"
+
+    def settings(self, **overrides: Any) -> DecodeConfig:
+        """The decoding settings of one call: the model's defaults with these keys replaced (decode.* names, plus beam)."""
+        unknown = sorted(set(overrides) - _DECODE_KEYS)
+        if unknown:
+            raise NmtError(f"{unknown[0]}: not a decoding setting; expected one of {', '.join(sorted(_DECODE_KEYS))}")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "precision" in given and given["precision"] != self.decode.precision:
+            raise NmtError(f"precision={given['precision']}: the model was loaded in {self.decode.precision}; give precision= to nmt.load")
+        if given.get("nbest", 1) > 1 and "beam" not in given and not given.get("sampling", self.decode.sampling):
+            given["beam"] = max(self.decode.beam, given["nbest"])
+        try:
+            settings = replace(self.decode, **given)
+            check_fields(settings, "")
+        except (TypeError, ValueError) as err:
+            raise NmtError(str(err)) from None
+        return settings
+
+    def _translator(self, decode: DecodeConfig) -> Translator:
+        return Translator(self.loaded.model, self.tokenizer, decode, self.device)
+
+    def translate(self, lines: str | Sequence[str], *, beam: int | None = None, nbest: int | None = None, return_attention: bool = False,
+                  rich: bool | None = None, **decode: Any) -> Any:
+        """Translate one string or a list of lines; every line gets a result, in order (a blank line gets "").
+
+        Returns the best translation per line (a string for a string), or with `nbest` > 1 or `return_attention` (or
+        rich=True) a `Result` per line. Other keyword arguments are decoding settings (alpha, max_len_a, sampling, ...).
+        """
+        single = isinstance(lines, str)
+        batch = [lines] if single else list(lines)
+        for k, line in enumerate(batch):
+            if not isinstance(line, str):
+                raise NmtError(f"lines[{k}]: expected a string, got {type(line).__name__}")
+        settings = self.settings(beam=beam, nbest=nbest, **decode)
+        translator = self._translator(settings)
+        with torch.inference_mode():
+            translations = translator.translate_lines([" ".join(line.split()) for line in batch])
+        want_rich = rich if rich is not None else (settings.nbest > 1 or return_attention)
+        if not want_rich:
+            best = translator.tokenizer.decode_tgt([t.hyps[0].tokens if t.hyps else [] for t in translations])
+            texts = [text if t.hyps else "" for text, t in zip(best, translations)]
+            return texts[0] if single else texts
+        results = [self._result(line, t, translator, return_attention) for line, t in zip(batch, translations)]
+        return results[0] if single else results
+
+    def _result(self, line: str, translation: Translation, translator: Translator, attention: bool) -> Result:
+        tok = self.tokenizer
+        texts = translator.detokenize(translation.hyps) if translation.hyps else []
+        pieces = [[tok.tgt.id_to_piece(i) for i in h.tokens] for h in translation.hyps]
+        source = [tok.src.id_to_piece(i) for i in translation.src_ids] + ["</s>"] if translation.hyps else []
+        maps = [h.attention.float().numpy() for h in translation.hyps] if attention else None
+        return Result(line, texts, [float(h.norm_score) for h in translation.hyps], pieces, source, maps)
+
+    def translate_file(self, src: PathLike, out: PathLike, *, batch_size: int = 64, beam: int | None = None, **decode: Any) -> int:
+        """Translate a text file (plain or .gz) line by line into `out`, streaming `batch_size` lines at a time; the
+        output has one line per input line and appears only when complete. Returns the number of lines."""
+        if batch_size < 1:
+            raise NmtError(f"batch_size={batch_size}: expected at least 1")
+        if Path(out).resolve() == Path(src).resolve():
+            raise NmtError(f"out={out}: is the input file; choose another output path")
+        translator = self._translator(self.settings(beam=beam, **decode))
+        count, chunk = 0, []
+        with atomic_open(str(out), "w", key="out") as f:
+
+            def flush() -> None:
+                with torch.inference_mode():
+                    texts = translator.translate(chunk)
+                f.writelines(text.replace("\n", " ") + "\n" for text in texts)
+
+            for line in iter_lines(str(src)):
+                chunk.append(line)
+                if len(chunk) == batch_size:
+                    flush()
+                    count, chunk = count + len(chunk), []
+            if chunk:
+                flush()
+                count += len(chunk)
+        return count
+
+
+def load(path: PathLike | Sequence[PathLike], device: str = "auto", precision: str = "fp32", threads: int | None = None,
+         **decode: Any) -> Model:
+    """Load a trained model from a run dir (its best checkpoint), a checkpoint file, or a list of them (an ensemble).
+
+    device: "cpu", "cuda", "mps" or "auto" (the GPU if there is one); precision: fp32, bf16 or int8 linear layers;
+    threads: torch's CPU threads for this process (None leaves them as they are). Other keyword arguments set the
+    default decoding settings (beam, alpha, nbest, ...; decode.* names); otherwise the run's own decode settings.
+    """
+    dev = resolve_device(device, key="device")
+    if threads is not None:
+        if threads < 1:
+            raise NmtError(f"threads={threads}: expected at least 1")
+        torch.set_num_threads(threads)
+    loaded = load_model(path if isinstance(path, (list, tuple)) else str(path), precision, dev)
+    base = replace(loaded.config.decode, precision=precision)
+    model = Model(loaded, base, dev, str(path))
+    model.decode = model.settings(**decode) if decode else base
+    return model
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu", "chrf", "ter")
+          ) -> dict[str, Score]:
+    """Corpus scores of hypotheses against one reference per line (or several: a list of reference lists), from sacrebleu."""
+    from nmt.evaluation.metrics import METRICS
+
+    hyps = list(hypotheses)
+    refs = [list(references)] if references and isinstance(next(iter(references)), str) else [list(r) for r in references]
+    for k, ref in enumerate(refs):
+        if len(ref) != len(hyps):
+            raise NmtError(f"references[{k}]: {len(ref)} lines for {len(hyps)} hypotheses; expected one reference per hypothesis")
+    for name in metrics:
+        if name not in METRICS:
+            raise NmtError(f"metrics: unknown metric '{name}'; expected one of {', '.join(METRICS)}")
+    result = {}
+    for name in metrics:
+        scorer = METRICS[name]()
+        found = scorer.corpus_score(hyps, refs)
+        result[name] = Score(float(found.score), str(scorer.get_signature()))
+    return result
+
+
+@dataclass
+class TrainResult:
+    """Where a training run wrote its files, and its results.json."""
+
+    run_dir: Path
+    results: dict
+
+
+def train(overrides: Sequence[str] | None = None, config: Config | None = None, log: Any = print) -> TrainResult:
+    """Train a model: from recipe overrides as on the command line (`["experiment=quickstart", "run_dir=runs/q"]`), or
+    from a `Config`. `log` receives the training log's lines (None: quiet). Returns the run dir and results.json."""
+    from nmt.cli.train import run_training
+
+    if (overrides is None) == (config is None):
+        raise NmtError("nmt.train: give overrides=[...] or config=Config(...), one of them")
+    run_dir, results, _ = run_training(list(overrides) if overrides is not None else None, config, log or (lambda line: None))
+    return TrainResult(Path(run_dir), results)
