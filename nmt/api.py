@@ -51,7 +51,9 @@ class Loaded:
     path: str
 
 
-def load_model(checkpoint: str | PathLike | Sequence[PathLike], precision: str = "fp32", device: torch.device | str = "cpu") -> Loaded:
+def load_model(
+    checkpoint: str | PathLike | Sequence[PathLike], precision: str = "fp32", device: torch.device | str = "cpu"
+) -> Loaded:
     """The model of a checkpoint (file or run dir: its best checkpoint), or the ensemble of several (a list, or
     one string with commas), converted to `precision` (fp32, bf16 or int8 linear layers) for decoding.
 
@@ -62,7 +64,11 @@ def load_model(checkpoint: str | PathLike | Sequence[PathLike], precision: str =
     if precision not in PRECISIONS:
         raise NmtError(f"precision={precision}: expected one of {', '.join(PRECISIONS)}")
     device = resolve_device(device, key="device") if isinstance(device, str) else device
-    paths = [str(p) for p in checkpoint] if isinstance(checkpoint, (list, tuple)) else [p for p in str(checkpoint).split(",") if p]
+    paths = (
+        [str(p) for p in checkpoint]
+        if isinstance(checkpoint, (list, tuple))
+        else [p for p in str(checkpoint).split(",") if p]
+    )
     if not paths:
         raise NmtError("checkpoint: expected a checkpoint file or a run dir")
     payloads = [load_checkpoint(path, device) for path in paths]
@@ -70,13 +76,17 @@ def load_model(checkpoint: str | PathLike | Sequence[PathLike], precision: str =
     tokenizer, train_cfg = loaded[0][1], loaded[0][2]
     for path, (_, other, _) in zip(paths[1:], loaded[1:]):
         if other.state() != tokenizer.state():
-            raise NmtError(f"{path}: its vocabulary differs from {paths[0]}'s; the models of an ensemble must share one tokenizer")
+            raise NmtError(
+                f"{path}: its vocabulary differs from {paths[0]}'s; the models of an ensemble must share one tokenizer"
+            )
     models = [to_precision(model, precision) for model, _, _ in loaded]
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Loaded(model, tokenizer, train_cfg, payloads[0]["step"], payloads[0]["path"])
 
 
-def load_translator(checkpoint: str, decode: DecodeConfig, device_name: str, threads: int | None = None) -> tuple[Translator, Config]:
+def load_translator(
+    checkpoint: str, decode: DecodeConfig, device_name: str, threads: int | None = None
+) -> tuple[Translator, Config]:
     """A Translator for a checkpoint file or run dir (or a comma-separated ensemble), and the config it was trained with."""
     device = resolve_device(device_name, key="device")
     if threads is not None:
@@ -144,7 +154,9 @@ class Model:
             raise NmtError(f"{unknown[0]}: not a decoding setting; expected one of {', '.join(sorted(_DECODE_KEYS))}")
         given = {k: v for k, v in overrides.items() if v is not None}
         if "precision" in given and given["precision"] != self.decode.precision:
-            raise NmtError(f"precision={given['precision']}: the model was loaded in {self.decode.precision}; give precision= to nmt.load")
+            raise NmtError(
+                f"precision={given['precision']}: the model was loaded in {self.decode.precision}; give precision= to nmt.load"
+            )
         if given.get("nbest", 1) > 1 and "beam" not in given and not given.get("sampling", self.decode.sampling):
             given["beam"] = max(self.decode.beam, given["nbest"])
         try:
@@ -157,8 +169,16 @@ class Model:
     def _translator(self, decode: DecodeConfig) -> Translator:
         return Translator(self.loaded.model, self.tokenizer, decode, self.device)
 
-    def translate(self, lines: str | Sequence[str], *, beam: int | None = None, nbest: int | None = None, return_attention: bool = False,
-                  rich: bool | None = None, **decode: Any) -> Any:
+    def translate(
+        self,
+        lines: str | Sequence[str],
+        *,
+        beam: int | None = None,
+        nbest: int | None = None,
+        return_attention: bool = False,
+        rich: bool | None = None,
+        **decode: Any,
+    ) -> Any:
         """Translate one string or a list of lines; every line gets a result, in order (a blank line gets "").
 
         Returns the best translation per line (a string for a string), or with `nbest` > 1 or `return_attention` (or
@@ -189,7 +209,9 @@ class Model:
         maps = [h.attention.float().numpy() for h in translation.hyps] if attention else None
         return Result(line, texts, [float(h.norm_score) for h in translation.hyps], pieces, source, maps)
 
-    def translate_file(self, src: PathLike, out: PathLike, *, batch_size: int = 64, beam: int | None = None, **decode: Any) -> int:
+    def translate_file(
+        self, src: PathLike, out: PathLike, *, batch_size: int = 64, beam: int | None = None, **decode: Any
+    ) -> int:
         """Translate a text file (plain or .gz) line by line into `out`, streaming `batch_size` lines at a time; the
         output has one line per input line and appears only when complete. Returns the number of lines."""
         if batch_size < 1:
@@ -216,8 +238,13 @@ class Model:
         return count
 
 
-def load(path: PathLike | Sequence[PathLike], device: str = "auto", precision: str = "fp32", threads: int | None = None,
-         **decode: Any) -> Model:
+def load(
+    path: PathLike | Sequence[PathLike],
+    device: str = "auto",
+    precision: str = "fp32",
+    threads: int | None = None,
+    **decode: Any,
+) -> Model:
     """Load a trained model from a run dir (its best checkpoint), a checkpoint file, or a list of them (an ensemble).
 
     device: "cpu", "cuda", "mps" or "auto" (the GPU if there is one); precision: fp32, bf16 or int8 linear layers;
@@ -236,16 +263,23 @@ def load(path: PathLike | Sequence[PathLike], device: str = "auto", precision: s
     return model
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu", "chrf", "ter")
-          ) -> dict[str, Score]:
+def score(
+    hypotheses: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+) -> dict[str, Score]:
     """Corpus scores of hypotheses against one reference per line (or several: a list of reference lists), from sacrebleu."""
     from nmt.evaluation.metrics import METRICS
 
     hyps = list(hypotheses)
-    refs = [list(references)] if references and isinstance(next(iter(references)), str) else [list(r) for r in references]
+    refs = (
+        [list(references)] if references and isinstance(next(iter(references)), str) else [list(r) for r in references]
+    )
     for k, ref in enumerate(refs):
         if len(ref) != len(hyps):
-            raise NmtError(f"references[{k}]: {len(ref)} lines for {len(hyps)} hypotheses; expected one reference per hypothesis")
+            raise NmtError(
+                f"references[{k}]: {len(ref)} lines for {len(hyps)} hypotheses; expected one reference per hypothesis"
+            )
     for name in metrics:
         if name not in METRICS:
             raise NmtError(f"metrics: unknown metric '{name}'; expected one of {', '.join(METRICS)}")
@@ -272,5 +306,7 @@ def train(overrides: Sequence[str] | None = None, config: Config | None = None, 
 
     if (overrides is None) == (config is None):
         raise NmtError("nmt.train: give overrides=[...] or config=Config(...), one of them")
-    run_dir, results, _ = run_training(list(overrides) if overrides is not None else None, config, log or (lambda line: None))
+    run_dir, results, _ = run_training(
+        list(overrides) if overrides is not None else None, config, log or (lambda line: None)
+    )
     return TrainResult(Path(run_dir), results)

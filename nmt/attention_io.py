@@ -67,7 +67,11 @@ class NpzWriter:
         self.zip = zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED)
 
     def write(self, record: AttentionRecord) -> None:
-        arrays = {"attn": record.attention, "src": np.array(record.src, dtype=np.str_), "tgt": np.array(record.tgt, dtype=np.str_)}
+        arrays = {
+            "attn": record.attention,
+            "src": np.array(record.src, dtype=np.str_),
+            "tgt": np.array(record.tgt, dtype=np.str_),
+        }
         for name, array in arrays.items():
             with self.zip.open(f"{name}_{record.index}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, array, allow_pickle=False)
@@ -99,4 +103,10 @@ class HeatMaps:
     def write(self, record: AttentionRecord) -> None:
         if self.left > 0 and record.src:
             self.left -= 1
-            plot_attention(record.attention, record.src, record.tgt, self.folder / f"{record.index:06d}.png", f"line index {record.index}")
+            plot_attention(
+                record.attention,
+                record.src,
+                record.tgt,
+                self.folder / f"{record.index:06d}.png",
+                f"line index {record.index}",
+            )

@@ -51,7 +51,9 @@ def one_of(*choices: str) -> Rule:
     return Rule(lambda v: v in choices, f"unknown; expected one of {', '.join(choices)}", "no_such_name")
 
 
-DEVICE = Rule(lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None, "unknown; expected auto, cpu, cuda or cuda:N", "gpu")
+DEVICE = Rule(
+    lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None, "unknown; expected auto, cpu, cuda or cuda:N", "gpu"
+)
 
 
 def key(default: Any, rule: Rule | None = None) -> Any:
@@ -85,21 +87,31 @@ class DataConfig:
     valid: Optional[str] = None
     test: Optional[str] = None
     hf: Optional[str] = None  # a `datasets` dataset (local save_to_disk folder or hub name)
-    synthetic: Optional[str] = key(None, one_of("toy"))  # "toy": generate the toy corpus into the train folder if missing
+    synthetic: Optional[str] = key(
+        None, one_of("toy")
+    )  # "toy": generate the toy corpus into the train folder if missing
     synthetic_seed: int = key(1, at_least(0))
-    fetch: Optional[str] = key(None, one_of("multi30k"))  # nmt-prepare downloads this public corpus into data.root when missing
+    fetch: Optional[str] = key(
+        None, one_of("multi30k")
+    )  # nmt-prepare downloads this public corpus into data.root when missing
     max_len: int = key(100, at_least(1))  # training pairs longer than this (subword tokens, either side) are removed
-    max_ratio: Optional[float] = key(3.0, at_least(1))  # pairs whose longer side is this many times the shorter are removed
+    max_ratio: Optional[float] = key(
+        3.0, at_least(1)
+    )  # pairs whose longer side is this many times the shorter are removed
     vocab_size: int = key(8000, at_least(8))
     spm_model: str = key("unigram", one_of("unigram", "bpe"))
-    spm_sample: int = key(500_000, in_range(1, 2_000_000, high_open=False))  # the tokenizer trains on a seeded sample of at most this many sentences (unigram: ~2 KB of memory each)
+    spm_sample: int = key(
+        500_000, in_range(1, 2_000_000, high_open=False)
+    )  # the tokenizer trains on a seeded sample of at most this many sentences (unigram: ~2 KB of memory each)
     joint_vocab: bool = True
     # SentencePiece sampling of the training pairs, afresh each epoch (0 = off): for BPE the merge-dropout probability
     # (BPE-dropout, 0.1 usual), for unigram the smoothing alpha (subword regularization); valid/test/translation never sample
     src_subword_alpha: float = key(0.0, in_range(0, 1, high_open=False))
     tgt_subword_alpha: float = key(0.0, in_range(0, 1, high_open=False))
     cache_dir: str = "data/cache"
-    num_proc: int = key(2, at_least(1))  # processes that encode a corpus (datasets.map); a split under 2,000 pairs uses one
+    num_proc: int = key(
+        2, at_least(1)
+    )  # processes that encode a corpus (datasets.map); a split under 2,000 pairs uses one
 
     def __post_init__(self) -> None:
         check_fields(self, "data.")
@@ -115,7 +127,9 @@ class ModelConfig:
     """
 
     arch: str = "transformer"  # transformer | bahdanau | luong
-    dim: int = key(256, at_least(1))  # model width: Transformer d_model; RNN decoder state and encoder output (both directions together)
+    dim: int = key(
+        256, at_least(1)
+    )  # model width: Transformer d_model; RNN decoder state and encoder output (both directions together)
     layers: int = key(3, at_least(1))  # Transformer layers per stack; RNN layers in the encoder and in the decoder
     heads: int = key(4, at_least(1))  # transformer: attention heads (model.dim must be a multiple)
     ffn_dim: int = key(1024, at_least(1))  # transformer: feed-forward inner size
@@ -123,7 +137,9 @@ class ModelConfig:
     norm: str = key("pre", one_of("pre", "post"))  # transformer: layer norm before or after each sub-layer
     scale: bool = True  # transformer: divide attention scores by sqrt(d_head)
     tie_embeddings: bool = True  # target input/output; source too when the vocabulary is joint
-    embed_scale: bool = True  # RNN: embeddings read out times sqrt(E) (nmt.models.rnn.ScaledEmbedding); false: as stored
+    embed_scale: bool = (
+        True  # RNN: embeddings read out times sqrt(E) (nmt.models.rnn.ScaledEmbedding); false: as stored
+    )
     # --- RNN encoder-decoders (bahdanau, luong) ---
     embed_dim: Optional[int] = key(None, at_least(1))  # token embedding size (None: same as dim)
     cell: str = "lstm"  # gru | lstm
@@ -131,11 +147,15 @@ class ModelConfig:
     bridge: str = "bridge"  # initial decoder state: bridge (tanh(W h_enc_final)) | zero
     score: str = "general"  # additive | dot | general | concat | location (nmt.models.attention.SCORES)
     window: str = "global"  # global | local_m | local_p (Luong et al. 2015, sec. 3.2)
-    window_size: int = key(10, at_least(1))  # D: local windows cover [p_t - D, p_t + D]; local-p's Gaussian has sigma = D / 2
+    window_size: int = key(
+        10, at_least(1)
+    )  # D: local windows cover [p_t - D, p_t + D]; local-p's Gaussian has sigma = D / 2
     input_feeding: bool = True  # luong: feed the attentional vector h~_{t-1} into the next RNN input
     attention: str = "soft"  # soft | hard (one sampled source position per step, straight-through Gumbel-softmax)
     gumbel_tau: float = key(1.0, positive())  # hard: temperature of the Gumbel-softmax relaxation behind the gradients
-    max_src_len: int = key(256, at_least(1))  # location score: one weight row per source position; later positions share the last
+    max_src_len: int = key(
+        256, at_least(1)
+    )  # location score: one weight row per source position; later positions share the last
 
     def __post_init__(self) -> None:
         """An unknown name, a value out of range or an impossible combination fails at composition."""
@@ -149,11 +169,17 @@ class TrainConfig:
 
     max_steps: int = key(10000, at_least(1))
     max_epochs: Optional[int] = key(None, at_least(1))
-    max_time: Optional[float] = key(None, positive())  # minutes of training (validation and saving not counted): stop at the first update past it
-    budget_clock: str = key("wall", one_of("wall", "cpu"))  # what train.max_time counts: wall-clock seconds, or this process's CPU seconds
+    max_time: Optional[float] = key(
+        None, positive()
+    )  # minutes of training (validation and saving not counted): stop at the first update past it
+    budget_clock: str = key(
+        "wall", one_of("wall", "cpu")
+    )  # what train.max_time counts: wall-clock seconds, or this process's CPU seconds
     batch_tokens: int = key(4096, at_least(1))  # padded tokens per batch (per process with torchrun)
     accumulate: int = key(1, at_least(1))  # batches per update: the update of an N-times larger batch
-    precision: str = key("fp32", one_of("fp32", "bf16", "fp16", "auto"))  # bf16: autocast (fp32 master weights); fp16: CUDA only; auto: bf16 where the hardware has it
+    precision: str = key(
+        "fp32", one_of("fp32", "bf16", "fp16", "auto")
+    )  # bf16: autocast (fp32 master weights); fp16: CUDA only; auto: bf16 where the hardware has it
     lr: float = key(5e-4, positive())  # peak learning rate, reached at the end of warm-up
     schedule: str = key("inverse_sqrt", one_of("inverse_sqrt", "constant", "cosine"))
     warmup: int = key(1000, at_least(0))
@@ -161,12 +187,24 @@ class TrainConfig:
     clip_norm: float = key(1.0, at_least(0))  # gradient norm limit (0: no clipping)
     valid_every: int = key(1000, at_least(1))
     save_every: int = key(1000, at_least(1))
-    keep_last: int = key(3, at_least(1))  # the newest N step checkpoints kept (checkpoints/step_N.pt; last.pt is the newest)
-    keep_best: int = key(1, at_least(1))  # the best M step checkpoints by early_stop_metric also kept (best.pt is the best)
-    early_stop_metric: str = key("bleu", one_of("bleu", "chrf", "loss"))  # the validation score that picks best.pt and drives patience
-    patience: Optional[int] = key(None, at_least(1))  # stop after this many validations in a row without a new best (None: never)
-    max_bad_steps: int = key(5, at_least(1))  # stop after this many updates in a row skipped for a non-finite loss or gradient
-    valid_bleu_sentences: Optional[int] = key(None, at_least(1))  # translate only the first N validation sentences for BLEU
+    keep_last: int = key(
+        3, at_least(1)
+    )  # the newest N step checkpoints kept (checkpoints/step_N.pt; last.pt is the newest)
+    keep_best: int = key(
+        1, at_least(1)
+    )  # the best M step checkpoints by early_stop_metric also kept (best.pt is the best)
+    early_stop_metric: str = key(
+        "bleu", one_of("bleu", "chrf", "loss")
+    )  # the validation score that picks best.pt and drives patience
+    patience: Optional[int] = key(
+        None, at_least(1)
+    )  # stop after this many validations in a row without a new best (None: never)
+    max_bad_steps: int = key(
+        5, at_least(1)
+    )  # stop after this many updates in a row skipped for a non-finite loss or gradient
+    valid_bleu_sentences: Optional[int] = key(
+        None, at_least(1)
+    )  # translate only the first N validation sentences for BLEU
     log_every: int = key(50, at_least(1))  # a progress line (train.log, stdout) and TensorBoard scalars every N updates
     seed: int = key(1, at_least(0))
     device: str = key("auto", DEVICE)  # auto | cpu | cuda | cuda:N
@@ -182,25 +220,39 @@ class DecodeConfig:
     """Search settings for validation BLEU, nmt-translate and nmt-evaluate (see nmt/search.py)."""
 
     beam: int = key(1, at_least(1))  # beam width K; 1 is greedy search
-    alpha: float = key(0.0, at_least(0))  # GNMT length penalty ((5 + len) / 6) ** alpha; hypotheses are ranked by score / penalty
+    alpha: float = key(
+        0.0, at_least(0)
+    )  # GNMT length penalty ((5 + len) / 6) ** alpha; hypotheses are ranked by score / penalty
     max_len_a: float = key(1.5, at_least(0))  # output length limit: a * source length + b (subword tokens)
     max_len_b: int = key(10, at_least(0))
     min_len: int = key(0, at_least(0))  # EOS is forbidden before this many output tokens
     nbest: int = key(1, at_least(1))  # hypotheses per sentence (at most beam; any number when sampling)
     sampling: bool = False  # draw each token at random instead of searching (beam is then ignored)
-    temperature: float = key(1.0, positive())  # sampling: divide the log-probabilities by this (< 1 sharpens, > 1 flattens)
+    temperature: float = key(
+        1.0, positive()
+    )  # sampling: divide the log-probabilities by this (< 1 sharpens, > 1 flattens)
     top_k: int = key(0, at_least(0))  # sampling: draw among the k likeliest tokens only (0: all)
-    top_p: float = key(1.0, in_range(0, 1, high_open=False, low_open=True))  # sampling: the smallest set of tokens whose probability reaches p
+    top_p: float = key(
+        1.0, in_range(0, 1, high_open=False, low_open=True)
+    )  # sampling: the smallest set of tokens whose probability reaches p
     seed: int = key(1, at_least(0))  # sampling: random seed
     max_src_len: int = key(1024, at_least(1))  # longer sources are cut to this many subword tokens, with a warning
     batch_size: int = key(64, at_least(1))  # sentences per batch
     batch_tokens: int = key(32768, at_least(1))  # and at most this many beam rows x padded source tokens per batch
-    precision: str = key("fp32", one_of("fp32", "bf16", "int8"))  # linear layers in bf16 or int8 for every search (nmt/models/quantize.py): translate, evaluate, serve, validation, nmt-compare
+    precision: str = key(
+        "fp32", one_of("fp32", "bf16", "int8")
+    )  # linear layers in bf16 or int8 for every search (nmt/models/quantize.py): translate, evaluate, serve, validation, nmt-compare
 
     def __post_init__(self) -> None:
         check_fields(self, "decode.")
-        require(self.sampling or self.nbest <= self.beam, f"decode.nbest={self.nbest}: at most decode.beam={self.beam} hypotheses (or set decode.sampling=true)")
-        require(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_a=0 and decode.max_len_b=0: no output could be produced; expected one of them positive")
+        require(
+            self.sampling or self.nbest <= self.beam,
+            f"decode.nbest={self.nbest}: at most decode.beam={self.beam} hypotheses (or set decode.sampling=true)",
+        )
+        require(
+            self.max_len_a > 0 or self.max_len_b > 0,
+            "decode.max_len_a=0 and decode.max_len_b=0: no output could be produced; expected one of them positive",
+        )
 
 
 def check_workers(workers: int, decode: DecodeConfig) -> None:
@@ -222,7 +274,9 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     run_dir: Optional[str] = None  # default: outputs/DATE/TIME
     resume: Optional[str] = None  # a run dir to continue exactly from its checkpoints/last.pt
-    init_from: Optional[str] = None  # a checkpoint (or run dir) whose weights and tokenizer start a new run (fine-tuning)
+    init_from: Optional[str] = (
+        None  # a checkpoint (or run dir) whose weights and tokenizer start a new run (fine-tuning)
+    )
 
 
 @dataclass
@@ -232,14 +286,20 @@ class TranslateConfig:
     checkpoint: str = MISSING
     input: Optional[str] = None
     output: Optional[str] = None
-    chunk_size: int = key(10000, at_least(1))  # lines read, translated and written at a time (sorted by length inside a chunk)
+    chunk_size: int = key(
+        10000, at_least(1)
+    )  # lines read, translated and written at a time (sorted by length inside a chunk)
     attention_out: Optional[str] = None  # write each line's attention matrix: FILE.npz, else JSON lines
     plot_dir: Optional[str] = None  # write attention heat-maps (PNG) of the first plot_n sentences here
     plot_n: int = key(10, at_least(0))
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = key("auto", DEVICE)
-    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default, one per core; 1 per worker with workers > 1)
-    workers: int = key(1, at_least(1))  # processes that search batches, each with its own copy of the model (CPU; see nmt/workers.py)
+    threads: Optional[int] = key(
+        None, at_least(1)
+    )  # torch intra-op threads (None: torch's default, one per core; 1 per worker with workers > 1)
+    workers: int = key(
+        1, at_least(1)
+    )  # processes that search batches, each with its own copy of the model (CPU; see nmt/workers.py)
     progress: bool = True  # a bar over the input file's lines on stderr (when stderr is a terminal)
 
     def __post_init__(self) -> None:
@@ -259,7 +319,9 @@ class EvaluateConfig:
     hyp_out: Optional[str] = None
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     device: str = key("auto", DEVICE)
-    threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default; 1 per worker with workers > 1)
+    threads: Optional[int] = key(
+        None, at_least(1)
+    )  # torch intra-op threads (None: torch's default; 1 per worker with workers > 1)
     workers: int = key(1, at_least(1))  # processes that search batches, as nmt-translate's workers
     progress: bool = True
 
@@ -310,8 +372,14 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "")
-        require(not self.decode.sampling, "decode.sampling=true: nmt-serve decodes by search only (a sample would depend on which requests share a batch)")
-        require(self.decode.beam <= self.serve.max_beam, f"decode.beam={self.decode.beam}: above serve.max_beam={self.serve.max_beam}")
+        require(
+            not self.decode.sampling,
+            "decode.sampling=true: nmt-serve decodes by search only (a sample would depend on which requests share a batch)",
+        )
+        require(
+            self.decode.beam <= self.serve.max_beam,
+            f"decode.beam={self.decode.beam}: above serve.max_beam={self.serve.max_beam}",
+        )
 
 
 @dataclass
@@ -346,25 +414,47 @@ class CompareConfig:
     extra: list[str] = field(default_factory=list)  # the command line's nmt-train KEY=VALUE, applied to every variant
     variants: list[str] = field(default_factory=list)  # the variants to run, in this order (empty: all of `overrides`)
     seeds: list[int] = field(default_factory=lambda: [1])  # train.seed values; every variant runs with each
-    baseline: Optional[str] = None  # the variant the others are tested against (default, or when not among `variants`: the first)
+    baseline: Optional[str] = (
+        None  # the variant the others are tested against (default, or when not among `variants`: the first)
+    )
     report_only: bool = False  # rebuild the report from the runs in OUT, training nothing
     bootstrap: int = key(1000, at_least(1))  # draws of the paired cluster bootstrap over test sentences
     bootstrap_seed: int = key(12345, at_least(1))  # the seed of the bootstrap's draws (numpy)
-    align: Optional[str] = None  # gold word alignments of the test set (Pharaoh i-j); default: the test prefix + .align if it exists
-    heatmap_lines: list[int] = field(default_factory=list)  # test lines (from 0) drawn as heat maps; empty: 3 picked by length
+    align: Optional[str] = (
+        None  # gold word alignments of the test set (Pharaoh i-j); default: the test prefix + .align if it exists
+    )
+    heatmap_lines: list[int] = field(
+        default_factory=list
+    )  # test lines (from 0) drawn as heat maps; empty: 3 picked by length
     length_buckets: int = key(5, at_least(1))  # BLEU by source length: this many buckets of about equal size
-    under_attended: float = key(0.5, at_least(0))  # coverage: a source token with less attention mass than this is under-attended
+    under_attended: float = key(
+        0.5, at_least(0)
+    )  # coverage: a source token with less attention mass than this is under-attended
     over_attended: float = key(2.0, positive())  # ... and with more than this, over-attended
-    jobs: int = key(1, at_least(1))  # runs trained at once, each in its own process (e.g. 2 single-thread runs on 2 cores)
-    launcher: str = key("local", one_of("local", "submitit_local", "slurm"))  # local: `jobs` processes here; slurm: a job per run
+    jobs: int = key(
+        1, at_least(1)
+    )  # runs trained at once, each in its own process (e.g. 2 single-thread runs on 2 cores)
+    launcher: str = key(
+        "local", one_of("local", "submitit_local", "slurm")
+    )  # local: `jobs` processes here; slurm: a job per run
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     progress: bool = True  # a bar over the whole comparison when stderr is a terminal
 
     def __post_init__(self) -> None:
         check_fields(self, "")
-        require(self.over_attended > self.under_attended, f"over_attended={self.over_attended}: expected more than under_attended={self.under_attended}")
-        require(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0, f"seeds={self.seeds}: expected distinct seeds >= 0")
-        known = f"expected one of {', '.join(self.overrides)}" if self.overrides else "none are defined: give experiment=compare_NAME (recipes/experiment/compare_*.yaml), or overrides.NAME=[...]"
+        require(
+            self.over_attended > self.under_attended,
+            f"over_attended={self.over_attended}: expected more than under_attended={self.under_attended}",
+        )
+        require(
+            bool(self.seeds) and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0,
+            f"seeds={self.seeds}: expected distinct seeds >= 0",
+        )
+        known = (
+            f"expected one of {', '.join(self.overrides)}"
+            if self.overrides
+            else "none are defined: give experiment=compare_NAME (recipes/experiment/compare_*.yaml), or overrides.NAME=[...]"
+        )
         for name in self.variants + ([self.baseline] if self.baseline else []):
             require(name in self.overrides, f"variants: no variant named '{name}'; {known}")
 
@@ -384,8 +474,12 @@ class ExportConfig:
     checkpoint: str = MISSING  # a checkpoint file or a run dir (its best checkpoint)
     format: str = key("ctranslate2", one_of("ctranslate2"))
     out: str = MISSING  # the model directory to write (must not exist yet, or be empty)
-    quantization: Optional[str] = key(None, one_of("int8", "int8_float32", "int16", "float16", "bfloat16"))  # weights as stored (None: float32)
-    max_positions: int = key(2048, at_least(1))  # position table size: the longest source or output (subword tokens) the exported model takes
+    quantization: Optional[str] = key(
+        None, one_of("int8", "int8_float32", "int16", "float16", "bfloat16")
+    )  # weights as stored (None: float32)
+    max_positions: int = key(
+        2048, at_least(1)
+    )  # position table size: the longest source or output (subword tokens) the exported model takes
 
     def __post_init__(self) -> None:
         check_fields(self, "")

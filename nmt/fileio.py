@@ -61,7 +61,9 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def check_outputs(inputs: dict[str, str | Path | None], outputs: dict[str, str | Path | None], folders: tuple[str, ...] = ()) -> None:
+def check_outputs(
+    inputs: dict[str, str | Path | None], outputs: dict[str, str | Path | None], folders: tuple[str, ...] = ()
+) -> None:
     """Refuse, before anything is written, an output that is one of the inputs (or holds one, for an output folder),
     two outputs at one path, or an output path that exists as the wrong kind (a folder for a file or the reverse).
 
@@ -72,12 +74,16 @@ def check_outputs(inputs: dict[str, str | Path | None], outputs: dict[str, str |
     for key, path in outs:
         folder = key in folders
         if path.exists() and path.is_dir() != folder:
-            raise NmtError(f"{key}={path}: is a {'file' if folder else 'folder'}, expected {'a folder' if folder else 'a file name'}")
+            raise NmtError(
+                f"{key}={path}: is a {'file' if folder else 'folder'}, expected {'a folder' if folder else 'a file name'}"
+            )
         for other_key, other in ins:
             inside = folder and other.resolve().is_relative_to(path.resolve())
             if _same(path, other) or inside:
                 what = "holds" if inside and not _same(path, other) else "is"
-                raise NmtError(f"{key}={path}: {what} the input {other_key}={other}; choose another {key} (it would be overwritten)")
+                raise NmtError(
+                    f"{key}={path}: {what} the input {other_key}={other}; choose another {key} (it would be overwritten)"
+                )
     for i, (key, path) in enumerate(outs):
         for other_key, other in outs[i + 1 :]:
             if _same(path, other):

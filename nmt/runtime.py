@@ -51,7 +51,9 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     numpy = state["numpy"]
-    np.random.set_state({**numpy, "state": {"key": np.asarray(numpy["state"]["key"], dtype=np.uint32), "pos": numpy["state"]["pos"]}})
+    np.random.set_state(
+        {**numpy, "state": {"key": np.asarray(numpy["state"]["key"], dtype=np.uint32), "pos": numpy["state"]["pos"]}}
+    )
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

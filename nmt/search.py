@@ -73,7 +73,13 @@ Chooser = Callable[[torch.Tensor], torch.Tensor]  # log-probs (B, V) -> next tok
 
 @torch.inference_mode()
 def _one_path(
-    model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max_len: torch.Tensor, choose: Chooser, min_len: int, alpha: float
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: torch.Tensor,
+    choose: Chooser,
+    min_len: int,
+    alpha: float,
 ) -> list[Hypothesis]:
     """Follow one token per step in every row; a row leaves the batch when it emits EOS or hits max_len."""
     enc = model.encode(src, src_mask)
@@ -99,12 +105,26 @@ def _one_path(
                 break
             active, prev = active[keep], prev[keep]
             enc, state = reorder(enc, keep), reorder(state, keep)
-    src_lens, lengths, out, scores, attn_out = src_mask.sum(1).tolist(), lengths.tolist(), out.tolist(), scores.tolist(), attn_out.cpu()
-    return [_hypothesis(out[b][: lengths[b]], scores[b], attn_out[b, : lengths[b], : src_lens[b]].clone(), alpha) for b in range(batch)]
+    src_lens, lengths, out, scores, attn_out = (
+        src_mask.sum(1).tolist(),
+        lengths.tolist(),
+        out.tolist(),
+        scores.tolist(),
+        attn_out.cpu(),
+    )
+    return [
+        _hypothesis(out[b][: lengths[b]], scores[b], attn_out[b, : lengths[b], : src_lens[b]].clone(), alpha)
+        for b in range(batch)
+    ]
 
 
 def greedy_search(
-    model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max_len: torch.Tensor, min_len: int = 0, alpha: float = 0.0
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: torch.Tensor,
+    min_len: int = 0,
+    alpha: float = 0.0,
 ) -> list[Hypothesis]:
     """The most probable token at each step; one hypothesis per sentence (alpha only sets norm_score)."""
     return _one_path(model, src, src_mask, max_len, lambda logp: logp.argmax(-1), min_len, alpha)
@@ -192,9 +212,13 @@ class _Beams:
         self.attn: list[torch.Tensor] = []  # per step t: (rows_t, S) the attention of step t's rows
         self.back: list[torch.Tensor] = []  # per step t: (rows_t+1,) the row of step t each next row extends
         self.token: list[torch.Tensor] = []  # per step t: (rows_t+1,) the token each next row added at step t
-        self.finished: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (t, rows_t, tokens, scores, sentences)
+        self.finished: list[
+            tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+        ] = []  # (t, rows_t, tokens, scores, sentences)
 
-    def advance(self, logp: torch.Tensor, attn: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    def advance(
+        self, logp: torch.Tensor, attn: torch.Tensor, t: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Extend every beam by step t's log-probs (n*width, V) and attention (n*width, S).
 
         Takes the top 2K of the (n, width*V) candidates: those ending in EOS among the top K are finished
@@ -208,7 +232,9 @@ class _Beams:
         # score shifts all its tokens alike), so the full (n*width, V) matrix is read once, by row_topk.
         cand = min(2 * k, vocab)
         row_top, row_token = row_topk(logp, cand)  # (n*width, 2K)
-        top, index = (self.scores.view(-1, 1) + row_top).view(n, width * cand).topk(min(2 * k, width * cand), dim=1)  # (n, 2K)
+        top, index = (
+            (self.scores.view(-1, 1) + row_top).view(n, width * cand).topk(min(2 * k, width * cand), dim=1)
+        )  # (n, 2K)
         first_row = torch.arange(n, device=logp.device)[:, None] * width  # (n, 1) each sentence's first row
         rows = index // cand + first_row  # (n, 2K) the row each candidate extends
         token = row_token.view(n, width * cand).gather(1, index)  # (n, 2K)
@@ -218,7 +244,9 @@ class _Beams:
         self.attn.append(attn)
         self._finish(t, final, rows, token, top)
         live = (self.n_done < k) & (self.max_len > t + 1)  # (n,)
-        pick = eos.to(torch.uint8).argsort(dim=1, stable=True)[:, :k]  # first K candidates without EOS (one EOS per beam at most)
+        pick = eos.to(torch.uint8).argsort(dim=1, stable=True)[
+            :, :k
+        ]  # first K candidates without EOS (one EOS per beam at most)
         rows, token, self.scores = (x.gather(1, pick)[live] for x in (rows, token, top))
         enc_rows = None
         if not bool(live.all()):
@@ -271,7 +299,11 @@ class _Beams:
         hyps: list[list[Hypothesis]] = [[] for _ in self.src_lens]
         for j, i in enumerate(keep):
             s = sents[i]
-            hyps[s].append(_hypothesis(tokens[j][: steps[i]], scores[i], attention[j, : steps[i], : self.src_lens[s]].clone(), self.alpha))
+            hyps[s].append(
+                _hypothesis(
+                    tokens[j][: steps[i]], scores[i], attention[j, : steps[i], : self.src_lens[s]].clone(), self.alpha
+                )
+            )
         return hyps
 
 

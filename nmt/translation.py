@@ -32,10 +32,14 @@ class Translation:
 def decode_settings(decode: DecodeConfig) -> str:
     """The search settings printed beside every score."""
     if decode.sampling:
-        search = f"sampling temperature={decode.temperature} top_k={decode.top_k} top_p={decode.top_p} seed={decode.seed}"
+        search = (
+            f"sampling temperature={decode.temperature} top_k={decode.top_k} top_p={decode.top_p} seed={decode.seed}"
+        )
     else:
         search = f"beam={decode.beam} alpha={decode.alpha}"
-    settings = f"{search} max_len={decode.max_len_a}*src+{decode.max_len_b}" + (f" min_len={decode.min_len}" if decode.min_len else "")
+    settings = f"{search} max_len={decode.max_len_a}*src+{decode.max_len_b}" + (
+        f" min_len={decode.min_len}" if decode.min_len else ""
+    )
     return settings + (f" precision={decode.precision}" if decode.precision != "fp32" else "")
 
 
@@ -44,7 +48,9 @@ def check_beam(decode: DecodeConfig, vocab_size: int) -> None:
     emittable = vocab_size - 2
     width = decode.nbest if decode.sampling else decode.beam
     if not decode.sampling and width > emittable:
-        raise NmtError(f"decode.beam={width}: wider than the {emittable} tokens the target vocabulary can emit; expected at most {emittable}")
+        raise NmtError(
+            f"decode.beam={width}: wider than the {emittable} tokens the target vocabulary can emit; expected at most {emittable}"
+        )
 
 
 @contextmanager
@@ -61,12 +67,21 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 class Translator:
     """A model, its tokenizer and search settings; `warn` receives one-line warnings (stderr by default)."""
 
-    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device, warn: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        model: Seq2Seq,
+        tokenizer: Tokenizer,
+        decode: DecodeConfig,
+        device: torch.device,
+        warn: Callable[[str], None] | None = None,
+    ):
         check_beam(decode, tokenizer.tgt_vocab_size)
         self.model, self.tokenizer, self.decode, self.device = model, tokenizer, decode, device
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
         self.generator = torch.Generator(device=device).manual_seed(decode.seed)
-        self.pool = None  # a nmt.workers.SearchPool: batches are then searched in its processes (nmt-translate workers=N)
+        self.pool = (
+            None  # a nmt.workers.SearchPool: batches are then searched in its processes (nmt-translate workers=N)
+        )
 
     def search(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
         """Decode one batch of encoded sentences (in the given order); hypotheses best first."""
@@ -74,7 +89,19 @@ class Translator:
         batch = make_batch(src_ids).to(self.device)
         src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
         if d.sampling:
-            return sample_search(self.model, src, mask, max_len, d.nbest, d.temperature, d.top_k, d.top_p, self.generator, d.min_len, d.alpha)
+            return sample_search(
+                self.model,
+                src,
+                mask,
+                max_len,
+                d.nbest,
+                d.temperature,
+                d.top_k,
+                d.top_p,
+                self.generator,
+                d.min_len,
+                d.alpha,
+            )
         if d.beam == 1:
             return [[h] for h in greedy_search(self.model, src, mask, max_len, d.min_len, d.alpha)]
         return beam_search(self.model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest)
@@ -85,7 +112,9 @@ class Translator:
         limit = self.decode.max_src_len
         for i, seq in enumerate(ids):
             if len(seq) > limit:
-                self.warn(f"warning: line {first_line + i}: {len(seq)} subword tokens, cut to decode.max_src_len={limit}")
+                self.warn(
+                    f"warning: line {first_line + i}: {len(seq)} subword tokens, cut to decode.max_src_len={limit}"
+                )
                 ids[i] = seq[:limit]
         return ids
 
@@ -94,14 +123,19 @@ class Translator:
         width = self.decode.nbest if self.decode.sampling else self.decode.beam
         batch: list[int] = []
         for i in sorted(rows, key=lambda i: len(ids[i])):
-            if batch and (len(batch) == self.decode.batch_size or (len(batch) + 1) * (len(ids[i]) + 1) * width > self.decode.batch_tokens):
+            if batch and (
+                len(batch) == self.decode.batch_size
+                or (len(batch) + 1) * (len(ids[i]) + 1) * width > self.decode.batch_tokens
+            ):
                 yield batch
                 batch = []
             batch.append(i)
         if batch:
             yield batch
 
-    def translate_lines(self, lines: list[str], first_line: int = 1, progress: Callable[[int], None] | None = None) -> list[Translation]:
+    def translate_lines(
+        self, lines: list[str], first_line: int = 1, progress: Callable[[int], None] | None = None
+    ) -> list[Translation]:
         """One Translation per line, in input order; lines are searched shortest first."""
         ids = self.encode(lines, first_line)
         hyps: list[list[Hypothesis]] = [[] for _ in lines]

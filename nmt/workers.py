@@ -22,9 +22,13 @@ from nmt.config import DecodeConfig
 from nmt.search import Hypothesis
 
 _translator = None  # the worker process's own Translator
-_failure: BaseException | None = None  # why it could not be made (raised by the first search: a failing initializer would be restarted forever)
+_failure: BaseException | None = (
+    None  # why it could not be made (raised by the first search: a failing initializer would be restarted forever)
+)
 
-Packed = list[tuple[list[int], float, float, np.ndarray]]  # a sentence's hypotheses, attention as numpy (cheap to pickle)
+Packed = list[
+    tuple[list[int], float, float, np.ndarray]
+]  # a sentence's hypotheses, attention as numpy (cheap to pickle)
 
 
 def _start(checkpoint: str, decode: DecodeConfig, device: str, threads: int) -> None:
@@ -48,7 +52,10 @@ def _search(src_ids: list[list[int]]) -> list[Packed]:
 
 
 def _unpack(packed: list[Packed]) -> list[list[Hypothesis]]:
-    return [[Hypothesis(tokens, score, norm, torch.from_numpy(attn)) for tokens, score, norm, attn in hyps] for hyps in packed]
+    return [
+        [Hypothesis(tokens, score, norm, torch.from_numpy(attn)) for tokens, score, norm, attn in hyps]
+        for hyps in packed
+    ]
 
 
 class SearchPool:

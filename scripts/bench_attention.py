@@ -49,7 +49,10 @@ def variants(dim: int, window: int, heads: int) -> dict[str, tuple[Fn, list[torc
     local.band_from = 0  # the band at every length (the module itself switches to it from S >= W * K / 3)
     out["local-p, banded"] = (lambda q, k, m: local(q, local.prepare(k), k, m)[0], list(local.parameters()))
     mha = MultiHeadAttention(dim, heads, dropout=0.0)
-    out["multi-head SDPA"] = (lambda q, k, m: mha.attend(q, *mha.keys_values(k), mask=m[:, None, None, :])[0], list(mha.parameters()))
+    out["multi-head SDPA"] = (
+        lambda q, k, m: mha.attend(q, *mha.keys_values(k), mask=m[:, None, None, :])[0],
+        list(mha.parameters()),
+    )
     return out
 
 
@@ -72,7 +75,9 @@ def peak_bytes(run: Callable[[], None], device: torch.device) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
     live = peak = 0
     for event in events:
         live += event.nbytes()
@@ -111,7 +116,11 @@ def measure(args: argparse.Namespace) -> tuple[list[int], dict[str, list[tuple[f
             mask = torch.ones(args.batch, n, dtype=torch.bool, device=device)
             run = lambda: step(fn, params, query, keys, mask)  # noqa: E731
             results[name].append((seconds(run, device, args.runs), peak_bytes(run, device) / 2**20))
-            print(f"{name:>22} n={n:5d}: {results[name][-1][0] * 1e3:9.2f} ms {results[name][-1][1]:9.1f} MB", file=sys.stderr, flush=True)
+            print(
+                f"{name:>22} n={n:5d}: {results[name][-1][0] * 1e3:9.2f} ms {results[name][-1][1]:9.1f} MB",
+                file=sys.stderr,
+                flush=True,
+            )
     return lengths, results
 
 
@@ -123,7 +132,11 @@ def table(lengths: list[int], results: dict[str, list[tuple[float, float]]]) -> 
         for unit, column, scale in (("ms", 0, 1e3), ("MB", 1, 1.0)):
             values = [row[column] * scale for row in rows]
             growth = values[-1] / values[-2] if len(values) > 1 and values[-2] > 0 else float("nan")
-            lines.append(f"{name if unit == 'ms' else '':>22} | " + " ".join(f"{v:8.2f}" for v in values) + f" | {growth:.1f}x {unit}")
+            lines.append(
+                f"{name if unit == 'ms' else '':>22} | "
+                + " ".join(f"{v:8.2f}" for v in values)
+                + f" | {growth:.1f}x {unit}"
+            )
     return "\n".join(lines)
 
 
@@ -138,7 +151,14 @@ def plot(lengths: list[int], results: dict[str, list[tuple[float, float]]], path
     for ax, column, label in ((axes[0], 0, "forward+backward time (ms)"), (axes[1], 1, "peak memory (MB)")):
         for name, rows in results.items():
             style = "--" if "was" in name else "-"
-            ax.plot(lengths, [row[column] * (1e3 if column == 0 else 1) for row in rows], style, marker="o", markersize=3, label=name)
+            ax.plot(
+                lengths,
+                [row[column] * (1e3 if column == 0 else 1) for row in rows],
+                style,
+                marker="o",
+                markersize=3,
+                label=name,
+            )
         top = max(row[column] * (1e3 if column == 0 else 1) for rows in results.values() for row in rows)
         for power, guide in ((1, "n"), (2, "n²")):
             ax.plot(lengths, [top * (n / lengths[-1]) ** power for n in lengths], ":", color="gray", linewidth=0.8)

@@ -48,7 +48,10 @@ def generate(prefix: Path, pairs: int, seed: int = 1) -> None:
     rng = np.random.default_rng(seed)
     src_words, tgt_words = _words(rng, LEXICON), _words(rng, LEXICON)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{prefix}.src.tmp", "w", encoding="utf-8") as src_f, open(f"{prefix}.tgt.tmp", "w", encoding="utf-8") as tgt_f:
+    with (
+        open(f"{prefix}.src.tmp", "w", encoding="utf-8") as src_f,
+        open(f"{prefix}.tgt.tmp", "w", encoding="utf-8") as tgt_f,
+    ):
         for start in range(0, pairs, CHUNK):
             lengths = rng.integers(3, 31, min(CHUNK, pairs - start))
             ids = (rng.zipf(1.1, lengths.sum()) - 1) % LEXICON  # a Zipf head; the long tail folded over the lexicon
@@ -56,7 +59,9 @@ def generate(prefix: Path, pairs: int, seed: int = 1) -> None:
             end = np.cumsum(lengths).tolist()
             for a, b in zip([0] + end[:-1], end):
                 src_f.write(" ".join(src[a:b]) + "\n")
-                tgt_f.write((" ".join(word for word in tgt[a:b] if word) or tgt_words[ids[a]]) + "\n")  # 10% of words dropped
+                tgt_f.write(
+                    (" ".join(word for word in tgt[a:b] if word) or tgt_words[ids[a]]) + "\n"
+                )  # 10% of words dropped
     for side in ("src", "tgt"):
         Path(f"{prefix}.{side}.tmp").replace(f"{prefix}.{side}")
 
@@ -81,8 +86,12 @@ def timed(label: str, start: float, pairs: int) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5_000_000)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/nmt_bench_data"), help="corpus and cache folder (outside the repo)")
-    parser.add_argument("--multi30k", type=Path, help="prepare Multi30k en-de from this folder instead of a synthetic corpus")
+    parser.add_argument(
+        "--work", type=Path, default=Path("/tmp/nmt_bench_data"), help="corpus and cache folder (outside the repo)"
+    )
+    parser.add_argument(
+        "--multi30k", type=Path, help="prepare Multi30k en-de from this folder instead of a synthetic corpus"
+    )
     parser.add_argument("--num-proc", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--batch-tokens", type=int, default=4096)
@@ -122,7 +131,11 @@ def main(argv: list[str]) -> None:
         pairs += len(indices)
         tokens += batch.target_tokens
         padded += batch.tgt_out.numel()
-    timed(f"one epoch of padded batches ({pairs:,} pairs, {tokens:,} target tokens, {1 - tokens / padded:.1%} padding)", start, pairs)
+    timed(
+        f"one epoch of padded batches ({pairs:,} pairs, {tokens:,} target tokens, {1 - tokens / padded:.1%} padding)",
+        start,
+        pairs,
+    )
     cache_mb = sum(f.stat().st_size for f in Path(prepared.cache_path).rglob("*") if f.is_file()) / 2**20
     print(
         f"peak RSS: {peak_mb():,.0f} MB (this process, counting touched pages of the {cache_mb:,.0f} MB cache), "

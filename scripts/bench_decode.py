@@ -91,7 +91,12 @@ def timed(decode, lines: list[str], runs: int) -> dict:
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
         rises.append(memory.peak - memory.before)
-    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "rise_mib": max(rises), "outputs": outputs}
+    return {
+        "wall_s": statistics.median(walls),
+        "cpu_s": statistics.median(cpus),
+        "rise_mib": max(rises),
+        "outputs": outputs,
+    }
 
 
 def nmt_worker(job: dict) -> dict:
@@ -107,7 +112,9 @@ def nmt_worker(job: dict) -> dict:
 
     # only the model section of the saved config, so that a baseline whose other schemas differ loads it too
     payload = load_checkpoint(job["checkpoint"])
-    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.create(payload["config"]).model))
+    model_cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.create(payload["config"]).model)
+    )
     tokenizer = Tokenizer.from_state(payload["tokenizer"])
     model = build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
     model.load_state_dict(payload["model"])
@@ -118,11 +125,15 @@ def nmt_worker(job: dict) -> dict:
         model = to_precision(model, job["precision"])
     fixed, beam = job["fixed_len"], job["beam"]
     settings = dict(beam=beam, batch_size=job["batch"])
-    settings.update(dict(max_len_a=0.0, max_len_b=fixed, min_len=fixed) if fixed else dict(alpha=0.6 if beam > 1 else 0.0))
+    settings.update(
+        dict(max_len_a=0.0, max_len_b=fixed, min_len=fixed) if fixed else dict(alpha=0.6 if beam > 1 else 0.0)
+    )
     if job["precision"] != "fp32":
         settings["precision"] = job["precision"]
     translator = Translator(model, tokenizer, DecodeConfig(**settings), torch.device("cpu"))
-    if job.get("replicas", 1) > 1:  # nmt-translate workers=N: N processes of `threads` threads each search whole batches
+    if (
+        job.get("replicas", 1) > 1
+    ):  # nmt-translate workers=N: N processes of `threads` threads each search whole batches
         from nmt.workers import SearchPool
 
         translator.pool = SearchPool(job["checkpoint"], translator.decode, "cpu", job["replicas"], job["threads"])
@@ -139,7 +150,11 @@ def nmt_worker(job: dict) -> dict:
         subset = job["lines"][: job["unbatched"]]
         alone = Translator(model, tokenizer, DecodeConfig(**{**settings, "batch_size": 1}), torch.device("cpu"))
         one = timed(lambda lines: [r.hyps[0].tokens for r in alone.translate_lines(lines)], subset, 1)
-        result["unbatched"] = {"sentences": len(subset), "wall_s": one["wall_s"], "same": one["outputs"] == result["outputs"][: len(subset)]}
+        result["unbatched"] = {
+            "sentences": len(subset),
+            "wall_s": one["wall_s"],
+            "same": one["outputs"] == result["outputs"][: len(subset)],
+        }
     if job.get("profile"):
         from torch.profiler import ProfilerActivity, profile
 
@@ -159,8 +174,9 @@ def ct2_worker(job: dict) -> dict:
     sp_src = spm.SentencePieceProcessor(model_file=str(folder / ("sentencepiece.model" if joint else "source.model")))
     sp = spm.SentencePieceProcessor(model_file=str(folder / ("sentencepiece.model" if joint else "target.model")))
     replicas = job.get("replicas", 1)
-    translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=job["precision"], intra_threads=job["threads"],
-                                        inter_threads=replicas)
+    translator = ctranslate2.Translator(
+        str(folder), device="cpu", compute_type=job["precision"], intra_threads=job["threads"], inter_threads=replicas
+    )
     fixed = job["fixed_len"]
 
     def decode(lines: list[str]) -> list[list[int]]:
@@ -172,9 +188,18 @@ def ct2_worker(job: dict) -> dict:
         for start in range(0, len(order), job["batch"]):
             batch = order[start : start + job["batch"]]
             longest = max(len(pieces[i]) for i in batch)
-            limits = dict(min_decoding_length=fixed, max_decoding_length=fixed) if fixed else dict(max_decoding_length=int(1.5 * longest + 10), length_penalty=0.6)
-            results = translator.translate_batch([pieces[i] for i in batch], beam_size=job["beam"], suppress_sequences=[["<pad>"], ["<s>"]],
-                                                 asynchronous=replicas > 1, **limits)
+            limits = (
+                dict(min_decoding_length=fixed, max_decoding_length=fixed)
+                if fixed
+                else dict(max_decoding_length=int(1.5 * longest + 10), length_penalty=0.6)
+            )
+            results = translator.translate_batch(
+                [pieces[i] for i in batch],
+                beam_size=job["beam"],
+                suppress_sequences=[["<pad>"], ["<s>"]],
+                asynchronous=replicas > 1,
+                **limits,
+            )
             pending.append((batch, results))
         for batch, results in pending:
             for i, r in zip(batch, results):
@@ -190,7 +215,9 @@ def worker(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
     import torch
 
-    if job["engine"] == "nmt":  # the allocator set-up of the nmt CLIs (nmt.memory; a baseline commit without it runs without)
+    if (
+        job["engine"] == "nmt"
+    ):  # the allocator set-up of the nmt CLIs (nmt.memory; a baseline commit without it runs without)
         try:
             from nmt.memory import tune_allocator
 
@@ -213,7 +240,9 @@ def run_job(job: dict, tree: Path, work: Path) -> dict:
     job = {**job, "out": str(out)}
     job_file.write_text(json.dumps(job))
     env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, __file__, "--worker", str(job_file)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--worker", str(job_file)], env=env, capture_output=True, text=True
+    )
     if done.returncode:
         raise SystemExit(f"worker failed ({job['engine']}, {job.get('precision')}):\n{done.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -231,13 +260,25 @@ def untrained_checkpoints(args, work: Path) -> tuple[list[tuple[str, Path]], int
     from nmt.training.checkpoint import save_checkpoint
 
     start = time.perf_counter()
-    tokenizer = Tokenizer.train(read_lines(args.data / "train.en.gz"), read_lines(args.data / "train.de.gz"), args.vocab_size, "unigram", joint=True)
+    tokenizer = Tokenizer.train(
+        read_lines(args.data / "train.en.gz"),
+        read_lines(args.data / "train.de.gz"),
+        args.vocab_size,
+        "unigram",
+        joint=True,
+    )
     refs = tokenizer.encode_tgt(read_lines(args.data / "test_2016_flickr.de.gz"))
     fixed_len = args.fixed_len or round(statistics.mean(len(r) for r in refs))
-    print(f"tokenizer trained in {time.perf_counter() - start:.0f}s; untrained models, outputs held at {fixed_len} tokens")
+    print(
+        f"tokenizer trained in {time.perf_counter() - start:.0f}s; untrained models, outputs held at {fixed_len} tokens"
+    )
     found = []
     for arch in args.archs:
-        recipe = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(ROOT / "recipes" / "model" / f"{arch}.yaml"), {"dropout": 0.0})
+        recipe = OmegaConf.merge(
+            OmegaConf.structured(ModelConfig),
+            OmegaConf.load(ROOT / "recipes" / "model" / f"{arch}.yaml"),
+            {"dropout": 0.0},
+        )
         model_cfg = OmegaConf.to_object(recipe)
         torch.manual_seed(0)
         model = build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, True)
@@ -250,8 +291,12 @@ def untrained_checkpoints(args, work: Path) -> tuple[list[tuple[str, Path]], int
 def export_ct2(checkpoint: Path, work: Path) -> Path | None:
     """The Transformer exported with nmt-export for --ct2 (None if it is not a Transformer)."""
     out = work / f"ct2_{checkpoint.stem}"
-    done = subprocess.run([sys.executable, "-m", "nmt.cli.export", f"checkpoint={checkpoint}", "format=ctranslate2", f"out={out}"],
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "nmt.cli.export", f"checkpoint={checkpoint}", "format=ctranslate2", f"out={out}"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
     return out if done.returncode == 0 else None
 
 
@@ -261,21 +306,52 @@ def bleu(text: list[str], refs: list[str]) -> float:
     return sacrebleu.corpus_bleu(text, [refs]).score
 
 
-def bench_model(name: str, checkpoint: Path, lines: list[str], refs: list[str], args, fixed_len: int | None, baseline: Path | None, work: Path) -> None:
+def bench_model(
+    name: str,
+    checkpoint: Path,
+    lines: list[str],
+    refs: list[str],
+    args,
+    fixed_len: int | None,
+    baseline: Path | None,
+    work: Path,
+) -> None:
     """One table per model: every engine and precision, greedy and beam, with ratios against the baseline's fp32."""
     print(f"\n== {name}: {len(lines)} sentences, batch {args.batch}, {args.threads} thread(s) ==")
-    print(f"{'engine':<16} {'search':<7} {'sent/s':>7} {'tok/s':>7} {'cpu ms/sent':>11} {'peak MiB':>8} {'rise MiB':>8} {'vs base':>7} {'same as fp32':>12}"
-          + ("  BLEU" if fixed_len is None else ""), flush=True)
+    print(
+        f"{'engine':<16} {'search':<7} {'sent/s':>7} {'tok/s':>7} {'cpu ms/sent':>11} {'peak MiB':>8} {'rise MiB':>8} {'vs base':>7} {'same as fp32':>12}"
+        + ("  BLEU" if fixed_len is None else ""),
+        flush=True,
+    )
     ct2_dir = export_ct2(checkpoint, work) if args.ct2 else None
-    rows = ([("baseline", "fp32")] if baseline else []) + [("nmt", p) for p in args.precisions] + [("ct2", t) for t in args.ct2_types if ct2_dir]
+    rows = (
+        ([("baseline", "fp32")] if baseline else [])
+        + [("nmt", p) for p in args.precisions]
+        + [("ct2", t) for t in args.ct2_types if ct2_dir]
+    )
     if args.replicas > 1:  # the same precisions as `replicas` single-threaded processes (CTranslate2: inter_threads)
-        rows += [(f"nmt x{args.replicas}", p) for p in args.precisions] + [(f"ct2 x{args.replicas}", t) for t in args.ct2_types if ct2_dir]
+        rows += [(f"nmt x{args.replicas}", p) for p in args.precisions] + [
+            (f"ct2 x{args.replicas}", t) for t in args.ct2_types if ct2_dir
+        ]
     for beam in args.beams:
-        common = dict(checkpoint=str(checkpoint), lines=lines, beam=beam, batch=args.batch, fixed_len=fixed_len, runs=args.runs, threads=args.threads)
+        common = dict(
+            checkpoint=str(checkpoint),
+            lines=lines,
+            beam=beam,
+            batch=args.batch,
+            fixed_len=fixed_len,
+            runs=args.runs,
+            threads=args.threads,
+        )
         results = {}
         for engine, precision in rows:
             replicated = engine.endswith(f" x{args.replicas}")
-            job = {**common, "engine": "ct2" if engine.startswith("ct2") else "nmt", "precision": precision, "ct2_dir": str(ct2_dir)}
+            job = {
+                **common,
+                "engine": "ct2" if engine.startswith("ct2") else "nmt",
+                "precision": precision,
+                "ct2_dir": str(ct2_dir),
+            }
             if replicated:
                 job.update(threads=1, replicas=args.replicas)
             if engine == "nmt" and precision == "fp32":
@@ -286,14 +362,19 @@ def bench_model(name: str, checkpoint: Path, lines: list[str], refs: list[str], 
             tokens = sum(len(o) for o in r["outputs"])
             versus = f"{results['baseline', 'fp32']['wall_s'] / r['wall_s']:.2f}x" if baseline else ""
             same = sum(a == b for a, b in zip(r["outputs"], reference))
-            print(f"{engine + ' ' + precision:<16} {('greedy' if beam == 1 else f'beam {beam}'):<7} {len(lines) / r['wall_s']:>7.1f} {tokens / r['wall_s']:>7.0f} "
-                  f"{1000 * r['cpu_s'] / len(lines):>11.2f} {r['peak_mib']:>8.0f} {r['rise_mib']:>8.0f} {versus:>7} {same:>5}/{len(lines):<6}"
-                  + (f"  {bleu(r['text'], refs):.2f}" if fixed_len is None else ""), flush=True)
+            print(
+                f"{engine + ' ' + precision:<16} {('greedy' if beam == 1 else f'beam {beam}'):<7} {len(lines) / r['wall_s']:>7.1f} {tokens / r['wall_s']:>7.0f} "
+                f"{1000 * r['cpu_s'] / len(lines):>11.2f} {r['peak_mib']:>8.0f} {r['rise_mib']:>8.0f} {versus:>7} {same:>5}/{len(lines):<6}"
+                + (f"  {bleu(r['text'], refs):.2f}" if fixed_len is None else ""),
+                flush=True,
+            )
         for r in results.values():
             if "unbatched" in r:
                 u = r["unbatched"]
-                print(f"  beam {beam} one sentence at a time ({u['sentences']} sentences): {u['sentences'] / u['wall_s']:.1f} sent/s; "
-                      f"batched outputs {'equal' if u['same'] else 'DIFFER FROM'} the unbatched ones")
+                print(
+                    f"  beam {beam} one sentence at a time ({u['sentences']} sentences): {u['sentences'] / u['wall_s']:.1f} sent/s; "
+                    f"batched outputs {'equal' if u['same'] else 'DIFFER FROM'} the unbatched ones"
+                )
             if "profile" in r:
                 print(f"  torch.profiler, nmt fp32, beam {beam}, 256 sentences:\n{r['profile']}")
 
@@ -311,12 +392,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
-    parser.add_argument("--checkpoint", nargs="+", type=Path, help="trained checkpoints or run dirs (else untrained models, fixed length)")
+    parser.add_argument(
+        "--checkpoint",
+        nargs="+",
+        type=Path,
+        help="trained checkpoints or run dirs (else untrained models, fixed length)",
+    )
     parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS, help="untrained models to build")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
     parser.add_argument("--beams", nargs="+", type=int, default=[1, 5])
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch (decode.batch_size)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (and CTranslate2's intra_threads)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch intra-op threads (and CTranslate2's intra_threads)"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sentences", type=int, default=1000, help="the first N test sentences")
     parser.add_argument("--unbatched", type=int, default=100, help="sentences for beam 5 one at a time (0: skip)")
@@ -325,7 +413,12 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="REV", help="also time the search of this git commit (fp32)")
     parser.add_argument("--ct2", action="store_true", help="also time the Transformer in CTranslate2")
     parser.add_argument("--ct2-types", nargs="+", default=["float32", "int8"], help="CTranslate2 compute types")
-    parser.add_argument("--replicas", type=int, default=1, help="also decode with N single-threaded processes (nmt-translate workers=N; CTranslate2 inter_threads=N)")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="also decode with N single-threaded processes (nmt-translate workers=N; CTranslate2 inter_threads=N)",
+    )
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's top operators (beam, fp32)")
     args = parser.parse_args()
     if args.worker:
@@ -337,9 +430,18 @@ def main() -> None:
 
     lines = read_lines(args.data / "test_2016_flickr.en.gz")[: args.sentences]
     refs = read_lines(args.data / "test_2016_flickr.de.gz")[: args.sentences]
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
-    print(f"torch {torch.__version__}; {cpu}, {os.cpu_count()} cores; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
-          f"(others' work slows a shared machine: compare rows of one run)")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
+    print(
+        f"torch {torch.__version__}; {cpu}, {os.cpu_count()} cores; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
+        f"(others' work slows a shared machine: compare rows of one run)"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         baseline = baseline_tree(args.baseline, work) if args.baseline else None

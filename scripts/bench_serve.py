@@ -39,9 +39,17 @@ from nmt.config import DecodeConfig  # noqa: E402
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     """nmt-serve on a free loopback port; (the process, its base URL)."""
     command = [
-        sys.executable, "-m", "nmt.cli.serve", f"checkpoint={args.checkpoint}", "host=127.0.0.1", "port=0",
-        f"threads={args.threads}", "serve.access_log=false", f"serve.max_wait_ms={args.max_wait_ms}",
-        f"serve.max_lines={args.max_lines}", f"decode.beam={args.beam}",
+        sys.executable,
+        "-m",
+        "nmt.cli.serve",
+        f"checkpoint={args.checkpoint}",
+        "host=127.0.0.1",
+        "port=0",
+        f"threads={args.threads}",
+        "serve.access_log=false",
+        f"serve.max_wait_ms={args.max_wait_ms}",
+        f"serve.max_lines={args.max_lines}",
+        f"decode.beam={args.beam}",
     ]
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, env=env, cwd=ROOT)
@@ -80,7 +88,10 @@ def cpu_seconds(pid: int) -> float:
 def plan(sentences: list[str], args: argparse.Namespace) -> list[list[list[str]]]:
     """For each client, its requests: 1 to max_lines sentences each, drawn with the seed."""
     rng = random.Random(args.seed)
-    return [[rng.sample(sentences, rng.randint(1, args.max_lines)) for _ in range(args.requests)] for _ in range(args.clients)]
+    return [
+        [rng.sample(sentences, rng.randint(1, args.max_lines)) for _ in range(args.requests)]
+        for _ in range(args.clients)
+    ]
 
 
 def client(base: str, requests: list[list[str]], beam: int, latencies: list[float], failures: list[str]) -> None:
@@ -140,19 +151,26 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the server (and of the baseline)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's serve.max_wait_ms")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--no-baseline", action="store_true", help="skip the in-process translation of the same sentences")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the in-process translation of the same sentences"
+    )
     args = parser.parse_args()
     sentences = [line for line in Path(args.source).read_text(encoding="utf-8").splitlines() if line.strip()]
     work = plan(sentences, args)
     total = sum(len(lines) for requests in work for lines in requests)
-    print(f"nmt-serve load test: {args.clients} clients x {args.requests} requests of 1-{args.max_lines} sentences "
-          f"({total} sentences, seed {args.seed}), beam {args.beam}, {args.threads} thread(s), max_wait {args.max_wait_ms} ms")
+    print(
+        f"nmt-serve load test: {args.clients} clients x {args.requests} requests of 1-{args.max_lines} sentences "
+        f"({total} sentences, seed {args.seed}), beam {args.beam}, {args.threads} thread(s), max_wait {args.max_wait_ms} ms"
+    )
     server, base = start_server(args)
     try:
         httpx.post(f"{base}/v1/translate", json={"text": sentences[:2]}, timeout=120).raise_for_status()  # warm-up
         before, cpu = httpx.get(f"{base}/health").json(), (cpu_seconds(server.pid), time.process_time())
         wall, latencies, failures = load(base, work, args.beam)
-        after, cpu = httpx.get(f"{base}/health").json(), (cpu_seconds(server.pid) - cpu[0], time.process_time() - cpu[1])
+        after, cpu = (
+            httpx.get(f"{base}/health").json(),
+            (cpu_seconds(server.pid) - cpu[0], time.process_time() - cpu[1]),
+        )
     finally:
         stop_server(server)
     requests = args.clients * args.requests
@@ -161,16 +179,24 @@ def main() -> None:
     print(f"sentences/s  {total / wall:.1f}")
     print(f"latency      p50 {1000 * percentile(latencies, 50):.0f} ms, p99 {1000 * percentile(latencies, 99):.0f} ms")
     busy = after["decode_s"] - before["decode_s"]
-    print(f"batches      {batches} ({requests / max(batches, 1):.1f} requests per batch); the decoding thread was busy {100 * busy / wall:.0f}% of the time")
+    print(
+        f"batches      {batches} ({requests / max(batches, 1):.1f} requests per batch); the decoding thread was busy {100 * busy / wall:.0f}% of the time"
+    )
     decode_cpu = after["decode_cpu_s"] - before["decode_cpu_s"]
-    print(f"CPU time     server {cpu[0]:.1f} s (decoding {decode_cpu:.1f} s, the rest HTTP, JSON and batching), "
-          f"load-test clients {cpu[1]:.1f} s, in {wall:.1f} s of wall time on {os.cpu_count()} cores")
+    print(
+        f"CPU time     server {cpu[0]:.1f} s (decoding {decode_cpu:.1f} s, the rest HTTP, JSON and batching), "
+        f"load-test clients {cpu[1]:.1f} s, in {wall:.1f} s of wall time on {os.cpu_count()} cores"
+    )
     print(f"failures     {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
     if not args.no_baseline:
         alone, alone_cpu = baseline(args, [line for requests in work for lines in requests for line in lines])
-        print(f"in-process   {total / alone:.1f} sentences/s for the same sentences at once; the server reached {alone / wall:.2f}x of it")
-        print(f"per CPU-s    server {total / cpu[0]:.1f} sentences, in-process {total / alone_cpu:.1f} ({alone_cpu / cpu[0]:.2f}x): "
-              "the fair comparison on a machine shared with other jobs")
+        print(
+            f"in-process   {total / alone:.1f} sentences/s for the same sentences at once; the server reached {alone / wall:.2f}x of it"
+        )
+        print(
+            f"per CPU-s    server {total / cpu[0]:.1f} sentences, in-process {total / alone_cpu:.1f} ({alone_cpu / cpu[0]:.2f}x): "
+            "the fair comparison on a machine shared with other jobs"
+        )
     sys.exit(1 if failures else 0)
 
 

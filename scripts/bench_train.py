@@ -99,7 +99,10 @@ def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
             elapsed = time.perf_counter() - start
             rates.append(tokens / elapsed)
             sentence_rates.append(sentences / elapsed)
-            print(f"{precision} run {run + 1}: {tokens / elapsed:,.0f} target tokens/s, {sentences / elapsed:,.1f} sentences/s", file=sys.stderr)
+            print(
+                f"{precision} run {run + 1}: {tokens / elapsed:,.0f} target tokens/s, {sentences / elapsed:,.1f} sentences/s",
+                file=sys.stderr,
+            )
         peak = matmul_peak(precision, trainer.device)
         tokens_per_s = statistics.median(rates)
         return {
@@ -124,12 +127,16 @@ def main(argv: list[str]) -> None:
     tune_allocator()  # as nmt-train does (nmt.cli.common.run)
     cfg = compose("config", overrides + ["train.progress=false"])
     results = [bench(cfg, p, args.steps, args.warmup, args.runs) for p in args.precisions.split(",")]
-    print(f"\n{results[0]['model']}, batch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}, device {results[0]['device']}")
+    print(
+        f"\n{results[0]['model']}, batch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}, device {results[0]['device']}"
+    )
     print(f"padding: source {results[0]['padding'][0]:.1%}, target {results[0]['padding'][1]:.1%} of padded positions")
     print("| precision | target tokens/s | sentences/s | matmul peak GFLOP/s | MFU |")
     print("|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['precision']} | {r['tokens_per_s']:,.0f} | {r['sentences_per_s']:,.1f} | {r['peak_gflops']:,.0f} | {r['mfu']:.1%} |")
+        print(
+            f"| {r['precision']} | {r['tokens_per_s']:,.0f} | {r['sentences_per_s']:,.1f} | {r['peak_gflops']:,.0f} | {r['mfu']:.1%} |"
+        )
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
 
 

@@ -53,7 +53,9 @@ def main(argv: list[str]) -> None:
     shared = sorted(set.intersection(*(set(c) for c in curves.values())))
     for step in shared:
         values = [c[step] for c in curves.values()]
-        print(f"step {step:>5}: " + "  ".join(f"{v:.3f}" for v in values) + f"  (spread {max(values) - min(values):.3f})")
+        print(
+            f"step {step:>5}: " + "  ".join(f"{v:.3f}" for v in values) + f"  (spread {max(values) - min(values):.3f})"
+        )
     print(f"wrote {args.out}")
 
 

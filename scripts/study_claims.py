@@ -39,19 +39,62 @@ class Claim:
 
 
 CLAIMS = [
-    Claim(1, "Additive attention captures more complex query-key relations than dot-product attention (at a higher cost)",
-          "luong_global_concat", "luong_global_dot", "quality", "Luong's concat score is the additive score v^T tanh(W [h_t; h_s]) on the same decoder"),
-    Claim(2, "Dot-product attention is simpler and faster than additive attention", "luong_global_dot", "luong_global_concat", "cost"),
-    Claim(3, "Local attention (a window around p_t) loses little quality against global attention", "luong_local_p_general",
-          "luong_global_general", "little loss", "cheaper on long sequences: scripts/bench_attention.py's cost curves"),
-    Claim(4, "Scaling dot products by 1/sqrt(d_k) makes training better and more stable (d_k = 64: 4 heads of 256)", "transformer",
-          "transformer_unscaled", "quality"),
-    Claim(4, "... more so as d grows (d_k = 256: 1 head of 256)", "transformer_single_head", "transformer_single_head_unscaled", "quality"),
-    Claim(5, "Multi-head attention captures more than a single head (same parameters)", "transformer", "transformer_single_head", "quality"),
+    Claim(
+        1,
+        "Additive attention captures more complex query-key relations than dot-product attention (at a higher cost)",
+        "luong_global_concat",
+        "luong_global_dot",
+        "quality",
+        "Luong's concat score is the additive score v^T tanh(W [h_t; h_s]) on the same decoder",
+    ),
+    Claim(
+        2,
+        "Dot-product attention is simpler and faster than additive attention",
+        "luong_global_dot",
+        "luong_global_concat",
+        "cost",
+    ),
+    Claim(
+        3,
+        "Local attention (a window around p_t) loses little quality against global attention",
+        "luong_local_p_general",
+        "luong_global_general",
+        "little loss",
+        "cheaper on long sequences: scripts/bench_attention.py's cost curves",
+    ),
+    Claim(
+        4,
+        "Scaling dot products by 1/sqrt(d_k) makes training better and more stable (d_k = 64: 4 heads of 256)",
+        "transformer",
+        "transformer_unscaled",
+        "quality",
+    ),
+    Claim(
+        4,
+        "... more so as d grows (d_k = 256: 1 head of 256)",
+        "transformer_single_head",
+        "transformer_single_head_unscaled",
+        "quality",
+    ),
+    Claim(
+        5,
+        "Multi-head attention captures more than a single head (same parameters)",
+        "transformer",
+        "transformer_single_head",
+        "quality",
+    ),
     Claim(6, "Hard attention trains less stably than soft attention", "luong_global_general", "hard", "stability"),
-    Claim(7, "Self-attention models long-range dependencies better than recurrent models", "transformer", "luong_global_general", "long range",
-          "BLEU of the longest source-length bucket"),
-    Claim(8, "Input feeding helps Luong attention", "luong_global_general", "luong_global_general_no_feeding", "quality"),
+    Claim(
+        7,
+        "Self-attention models long-range dependencies better than recurrent models",
+        "transformer",
+        "luong_global_general",
+        "long range",
+        "BLEU of the longest source-length bucket",
+    ),
+    Claim(
+        8, "Input feeding helps Luong attention", "luong_global_general", "luong_global_general_no_feeding", "quality"
+    ),
 ]
 
 
@@ -67,7 +110,12 @@ def quality(out: Path, plan, refs: list[str], a: str, b: str, samples: int, seed
     stats = lambda runs: np.stack([sentence_stats(runs[s].hyps, refs) for s in common])  # noqa: E731
     boot = cluster_bootstrap(stats(runs_b), stats(runs_a), common, samples, seed, weights)  # a minus b
     welch = welch_test([r.score("bleu") for r in runs_b.values()], [r.score("bleu") for r in runs_a.values()])
-    return {"a": [r.score("bleu") for r in runs_a.values()], "b": [r.score("bleu") for r in runs_b.values()], "boot": boot, "welch": welch}
+    return {
+        "a": [r.score("bleu") for r in runs_a.values()],
+        "b": [r.score("bleu") for r in runs_b.values()],
+        "boot": boot,
+        "welch": welch,
+    }
 
 
 def cost(out: Path, plan, a: str, b: str) -> dict:
@@ -78,7 +126,12 @@ def cost(out: Path, plan, a: str, b: str) -> dict:
     for key, get in (("train tokens/s", train), ("decode sentences/s", decode)):
         va, vb = get(runs_a), get(runs_b)
         if va and vb:
-            found[key] = {"ratio": statistics.median(va) / statistics.median(vb), "welch": welch_test(vb, va), "a": va, "b": vb}
+            found[key] = {
+                "ratio": statistics.median(va) / statistics.median(vb),
+                "welch": welch_test(vb, va),
+                "a": va,
+                "b": vb,
+            }
     return found
 
 
@@ -87,7 +140,11 @@ def fmt(values: list[float]) -> str:
 
 
 def interval(result) -> str:
-    return "n/a" if result is None else f"{result.delta:+.2f} [{result.ci_low:+.2f}, {result.ci_high:+.2f}], p {result.p_value:.3f}"
+    return (
+        "n/a"
+        if result is None
+        else f"{result.delta:+.2f} [{result.ci_low:+.2f}, {result.ci_high:+.2f}], p {result.p_value:.3f}"
+    )
 
 
 def main() -> None:
@@ -113,27 +170,40 @@ def main() -> None:
             tested[(claim.number, claim.better)] = q
     corrected_boot = holm({k: q["boot"].p_value for k, q in tested.items()}, ALPHA)
     corrected_seed = holm({k: q["welch"].p_value for k, q in tested.items() if q["welch"]}, ALPHA)
-    lines = ["# The essay's claims, measured", "",
-             f"From `{out}` ({summary.get('name')}): {len(plan.seeds)} seeds per variant, test set {len(test.ref)} sentences. "
-             f"Δ is A minus B. Quality tests: paired cluster bootstrap over test sentences ({args.samples} draws, seed {args.seed}) and "
-             f"Welch's t-test over seeds (needs {MIN_SEEDS}+ seeds), Holm-Bonferroni over the {len(tested)} quality claims at alpha {ALPHA}. "
-             "Costs: median over seeds, A / B, Welch's test on the per-seed values.", "",
-             "| # | claim | A | B | BLEU A | BLEU B | sentence bootstrap Δ [95% CI], p | seed test Δ [95% CI], p | other evidence | verdict |",
-             "|---|---|---|---|---:|---:|---|---|---|---|"]
+    lines = [
+        "# The essay's claims, measured",
+        "",
+        f"From `{out}` ({summary.get('name')}): {len(plan.seeds)} seeds per variant, test set {len(test.ref)} sentences. "
+        f"Δ is A minus B. Quality tests: paired cluster bootstrap over test sentences ({args.samples} draws, seed {args.seed}) and "
+        f"Welch's t-test over seeds (needs {MIN_SEEDS}+ seeds), Holm-Bonferroni over the {len(tested)} quality claims at alpha {ALPHA}. "
+        "Costs: median over seeds, A / B, Welch's test on the per-seed values.",
+        "",
+        "| # | claim | A | B | BLEU A | BLEU B | sentence bootstrap Δ [95% CI], p | seed test Δ [95% CI], p | other evidence | verdict |",
+        "|---|---|---|---|---:|---:|---|---|---|---|",
+    ]
     for claim, q, c, missing in rows:
         if missing:
             lines.append(f"| {claim.number} | {claim.text} | {claim.better} | {claim.worse} | | | | | | {missing} |")
             continue
         evidence, verdict = [], "cannot tell at this budget"
         for key, found in (c or {}).items():
-            evidence.append(f"{key} A/B {found['ratio']:.2f}" + (f" (seed test p {found['welch'].p_value:.3f})" if found["welch"] else ""))
+            evidence.append(
+                f"{key} A/B {found['ratio']:.2f}"
+                + (f" (seed test p {found['welch'].p_value:.3f})" if found["welch"] else "")
+            )
         if claim.kind in ("quality", "little loss") and q:
             key = (claim.number, claim.better)
-            both = corrected_boot.get(key) and corrected_seed.get(key) and (q["boot"].delta > 0) == (q["welch"].delta > 0)
+            both = (
+                corrected_boot.get(key) and corrected_seed.get(key) and (q["boot"].delta > 0) == (q["welch"].delta > 0)
+            )
             if both:
                 verdict = "supported" if q["boot"].delta > 0 else "not supported (significant the other way)"
             if claim.kind == "little loss" and q["welch"]:
-                verdict = "supported" if q["welch"].ci_low > -LITTLE else ("not supported" if q["welch"].ci_high < -LITTLE else verdict)
+                verdict = (
+                    "supported"
+                    if q["welch"].ci_low > -LITTLE
+                    else ("not supported" if q["welch"].ci_high < -LITTLE else verdict)
+                )
         elif claim.kind == "cost" and c.get("train tokens/s"):
             found = c["train tokens/s"]
             if found["welch"] and found["welch"].p_value < ALPHA:
@@ -141,14 +211,20 @@ def main() -> None:
         elif claim.kind == "stability" and q:
             spread_a, spread_b = np.std(q["a"], ddof=1), np.std(q["b"], ddof=1)
             skipped = sum(r.results.get("skipped_updates", 0) for r in per_seed(out, plan, claim.worse).values())
-            evidence.append(f"seed s.d. A {spread_a:.2f}, B {spread_b:.2f}; skipped (non-finite) updates of B: {skipped}")
+            evidence.append(
+                f"seed s.d. A {spread_a:.2f}, B {spread_b:.2f}; skipped (non-finite) updates of B: {skipped}"
+            )
             verdict = "supported" if spread_b > 2 * spread_a and q["welch"] and q["welch"].delta > 0 else verdict
         elif claim.kind == "long range":
             a, b = variants[claim.better]["length_bleu"][-1], variants[claim.worse]["length_bleu"][-1]
             bucket = summary["length_buckets"][-1]
-            evidence.append(f"longest bucket ({bucket['words']} words, n={bucket['sentences']}): A {a['mean']:.1f}, B {b['mean']:.1f}")
-        lines.append(f"| {claim.number} | {claim.text} | {claim.better} | {claim.worse} | {fmt(q['a']) if q else 'n/a'} | {fmt(q['b']) if q else 'n/a'} | "
-                     f"{interval(q['boot']) if q else 'n/a'} | {interval(q['welch']) if q else 'n/a'} | {'; '.join(evidence) or claim.note} | {verdict} |")
+            evidence.append(
+                f"longest bucket ({bucket['words']} words, n={bucket['sentences']}): A {a['mean']:.1f}, B {b['mean']:.1f}"
+            )
+        lines.append(
+            f"| {claim.number} | {claim.text} | {claim.better} | {claim.worse} | {fmt(q['a']) if q else 'n/a'} | {fmt(q['b']) if q else 'n/a'} | "
+            f"{interval(q['boot']) if q else 'n/a'} | {interval(q['welch']) if q else 'n/a'} | {'; '.join(evidence) or claim.note} | {verdict} |"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

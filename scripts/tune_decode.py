@@ -42,7 +42,10 @@ def main(argv: list[str]) -> None:
             scorer = BLEU()
             bleu = scorer.corpus_score(hyps, [valid.tgt])
             rows.append((bleu.score, beam, alpha, bleu.sys_len / max(bleu.ref_len, 1)))
-            print(f"beam {beam:>2} alpha {alpha:<4} valid BLEU {bleu.score:6.2f}  length ratio {rows[-1][3]:.3f}", flush=True)
+            print(
+                f"beam {beam:>2} alpha {alpha:<4} valid BLEU {bleu.score:6.2f}  length ratio {rows[-1][3]:.3f}",
+                flush=True,
+            )
     best = max(rows)
     print(f"best on valid: beam {best[1]} alpha {best[2]} (BLEU {best[0]:.2f}; {scorer.get_signature()})")
 

@@ -32,11 +32,17 @@ def toy_cache(tmp_path_factory) -> Path:
 def tiny_config(toy_dir: Path, cache_dir: Path, **train) -> Config:
     """A 1-layer d32 Transformer on the toy corpus, a few steps."""
     data = DataConfig(
-        name="toy", train=str(toy_dir / "train"), valid=str(toy_dir / "valid"), test=str(toy_dir / "test"),
-        vocab_size=200, cache_dir=str(cache_dir),
+        name="toy",
+        train=str(toy_dir / "train"),
+        valid=str(toy_dir / "valid"),
+        test=str(toy_dir / "test"),
+        vocab_size=200,
+        cache_dir=str(cache_dir),
     )
     model = ModelConfig(dim=32, layers=1, heads=2, ffn_dim=64, dropout=0.0)
-    settings = dict(max_steps=5, batch_tokens=512, warmup=10, valid_every=5, save_every=5, progress=False, valid_bleu_sentences=20)
+    settings = dict(
+        max_steps=5, batch_tokens=512, warmup=10, valid_every=5, save_every=5, progress=False, valid_bleu_sentences=20
+    )
     return Config(data=data, model=model, train=TrainConfig(**(settings | train)))
 
 
@@ -72,9 +78,28 @@ def small_corpus(toy_dir, tmp_path_factory):
 def run_args(corpus: Path) -> list[str]:
     """A tiny model with dropout (so the torch RNG matters), checkpoints every 10 updates, validation every 8."""
     return [
-        "data=toy", "data.synthetic=null", f"data.train={corpus}/train", f"data.valid={corpus}/valid", "data.test=null",
-        "data.vocab_size=100", f"data.cache_dir={corpus}/cache", "model.dim=16", "model.layers=1", "model.heads=2",
-        "model.ffn_dim=32", "model.dropout=0.2", "train.max_steps=24", "train.batch_tokens=256", "train.warmup=5",
-        "train.save_every=10", "train.valid_every=8", "train.keep_last=2", "train.threads=1", "train.progress=false",
-        "train.seed=7", "train.valid_bleu_sentences=8", "decode.max_len_a=1.0", "decode.max_len_b=2",
+        "data=toy",
+        "data.synthetic=null",
+        f"data.train={corpus}/train",
+        f"data.valid={corpus}/valid",
+        "data.test=null",
+        "data.vocab_size=100",
+        f"data.cache_dir={corpus}/cache",
+        "model.dim=16",
+        "model.layers=1",
+        "model.heads=2",
+        "model.ffn_dim=32",
+        "model.dropout=0.2",
+        "train.max_steps=24",
+        "train.batch_tokens=256",
+        "train.warmup=5",
+        "train.save_every=10",
+        "train.valid_every=8",
+        "train.keep_last=2",
+        "train.threads=1",
+        "train.progress=false",
+        "train.seed=7",
+        "train.valid_bleu_sentences=8",
+        "decode.max_len_a=1.0",
+        "decode.max_len_b=2",
     ]

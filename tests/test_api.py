@@ -12,8 +12,16 @@ from tests.test_cli import TINY, toy_overrides
 @pytest.fixture(scope="module")
 def trained(toy_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("api") / "run"
-    result = nmt.train(overrides=[*toy_overrides(toy_dir), *TINY, f"run_dir={run_dir}", "train.max_steps=12",
-                                  f"data.cache_dir={run_dir.parent}/cache"], log=None)
+    result = nmt.train(
+        overrides=[
+            *toy_overrides(toy_dir),
+            *TINY,
+            f"run_dir={run_dir}",
+            "train.max_steps=12",
+            f"data.cache_dir={run_dir.parent}/cache",
+        ],
+        log=None,
+    )
     return result
 
 

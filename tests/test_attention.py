@@ -44,7 +44,12 @@ def test_general_is_h_W_h_and_equals_dot_when_W_is_identity():
 
 def test_additive_is_v_tanh_Wq_plus_Uk():
     additive = make_attention("additive", 2, 2, 3)
-    W, U, b, v = [[1.0, 0.0], [0.5, -1.0], [0.0, 2.0]], [[0.3, 0.2], [-1.0, 1.0], [0.0, 0.5]], [0.1, -0.2, 0.0], [[1.0, -2.0, 0.5]]
+    W, U, b, v = (
+        [[1.0, 0.0], [0.5, -1.0], [0.0, 2.0]],
+        [[0.3, 0.2], [-1.0, 1.0], [0.0, 0.5]],
+        [0.1, -0.2, 0.0],
+        [[1.0, -2.0, 0.5]],
+    )
     set_weights(additive, **{"W_a.weight": W, "U_a.weight": U, "U_a.bias": b, "v_a.weight": v})
     W, U, b, v = map(torch.tensor, (W, U, b, v))
     torch.testing.assert_close(score_of(additive), by_hand(lambda q, k: float(v[0] @ torch.tanh(W @ q + U @ k + b))))
@@ -85,7 +90,9 @@ def random_inputs(seed=0, lengths=(6, 2, 4), T=5, dim=8):
     return torch.randn(len(lengths), T, dim, generator=g), torch.randn(len(lengths), S, dim, generator=g), mask, steps
 
 
-@pytest.mark.parametrize("score, window", [(s, w) for s in SCORES for w in ("global", "local_m") if (s, w) != ("location", "local_m")])
+@pytest.mark.parametrize(
+    "score, window", [(s, w) for s in SCORES for w in ("global", "local_m") if (s, w) != ("location", "local_m")]
+)
 def test_weights_sum_to_one_and_are_zero_on_padding(score, window):
     torch.manual_seed(0)
     attention = make_attention(score, 8, 8, 8, window=window, window_size=1)
@@ -147,7 +154,9 @@ def test_local_p_position_gets_gradients():
 
 
 def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(NmtError, match="model.score=cosine: unknown; expected one of additive, dot, general, concat, location"):
+    with pytest.raises(
+        NmtError, match="model.score=cosine: unknown; expected one of additive, dot, general, concat, location"
+    ):
         make_attention("cosine", 8, 8, 8)
     with pytest.raises(NmtError, match="model.window=local: unknown; expected one of global, local_m, local_p"):
         make_attention("dot", 8, 8, 8, window="local")
@@ -209,7 +218,9 @@ def test_local_p_position_and_gaussian_worked_by_hand():
     ln3 = math.log(3)
     set_weights(attention, **{"W_p.weight": [[1.0, 0.0], [0.0, 1.0]], "v_p.weight": [[2 * ln3, 0.0]]})
     query = torch.tensor([[[0.5 * ln3, 0.0]], [[0.5 * ln3, 0.0]]])  # (B=2, T=1, Q=2)
-    keys = torch.tensor([[[0.0, 1.0], [0.0, -2.0], [0.0, 0.5], [0.0, 3.0], [0.0, -1.0]]] * 2)  # (B, S=5, K): every dot score 0
+    keys = torch.tensor(
+        [[[0.0, 1.0], [0.0, -2.0], [0.0, 0.5], [0.0, 3.0], [0.0, -1.0]]] * 2
+    )  # (B, S=5, K): every dot score 0
     mask = torch.tensor([[True, True, True, True, True], [True, True, False, False, False]])
     # eq. 9: tanh(W_p h_t) = (tanh(ln(3) / 2), tanh(0)) = ((3 - 1) / (3 + 1), 0) = (0.5, 0)
     #        v_p^T (0.5, 0) = 2 ln 3 * 0.5 = ln 3;  sigmoid(ln 3) = 3 / (3 + 1) = 0.75
@@ -239,7 +250,9 @@ def test_hard_attention_gradient_is_the_gumbel_softmax_relaxations():
     query = QUERY[:1].clone().requires_grad_()  # (1, 1, 2) = (1, 2)
     keys, mask = KEYS[:1], MASK[:1]  # keys (1, 0), (0, 1), (1, 1): scores (1, 2, 3), argmax a = 2
     values = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0]]])  # (1, S=3, 2)
-    upstream = torch.tensor([2.0, -1.0])  # loss = upstream . c_t, so d(loss)/d(weight_s) = w_s = upstream . v_s = (2, -2, -3)
+    upstream = torch.tensor(
+        [2.0, -1.0]
+    )  # loss = upstream . c_t, so d(loss)/d(weight_s) = w_s = upstream . v_s = (2, -2, -3)
     noise = torch.tensor([[[0.1, 0.5, 1.5]]])  # the Exp(1) draws E; g = -log E = (2.302585, 0.693147, -0.405465)
     drawn = []
 
@@ -271,7 +284,10 @@ def test_hard_attention_gradient_is_the_gumbel_softmax_relaxations():
     assert not torch.allclose(query.grad[0, 0], (soft * (w - (soft * w).sum())) @ keys[0], atol=1e-3)
 
 
-@pytest.mark.parametrize("score, window, D", [("general", "local_p", 2), ("additive", "local_p", 1), ("dot", "local_m", 2), ("concat", "local_m", 7)])
+@pytest.mark.parametrize(
+    "score, window, D",
+    [("general", "local_p", 2), ("additive", "local_p", 1), ("dot", "local_m", 2), ("concat", "local_m", 7)],
+)
 def test_banded_window_equals_scoring_every_position_then_masking(score, window, D):
     """The band scores 2D + 2 gathered keys per query; the dense reference scores all S and masks: same weights, context, gradients."""
     torch.manual_seed(0)
@@ -291,7 +307,11 @@ def test_banded_window_equals_scoring_every_position_then_masking(score, window,
             log_w = attention.dense_log_weights(q, prepared, mask, steps)  # what LocalWindow computed before the band
             weights = log_w.exp()
             context = weights @ v
-        grads = torch.autograd.grad((context**2).sum() + (weights * torch.arange(13.0)).sum(), leaves + list(attention.parameters()), allow_unused=True)
+        grads = torch.autograd.grad(
+            (context**2).sum() + (weights * torch.arange(13.0)).sum(),
+            leaves + list(attention.parameters()),
+            allow_unused=True,
+        )
         return log_w.detach(), weights.detach(), context.detach(), grads
 
     band, dense = run(True), run(False)
@@ -307,7 +327,9 @@ def test_banded_window_equals_scoring_every_position_then_masking(score, window,
 
 
 def test_local_windows_switch_to_the_band_on_long_sources():
-    attention = make_attention("general", 8, 8, 8, window="local_m", window_size=2)  # W = 6 positions, keys of width K = 8
+    attention = make_attention(
+        "general", 8, 8, 8, window="local_m", window_size=2
+    )  # W = 6 positions, keys of width K = 8
     assert not attention.banded(15, 8) and attention.banded(16, 8)  # from S >= W * K / 3
     query, keys, mask, steps = random_inputs(lengths=(40, 31, 24), T=30)
     prepared = attention.prepare(keys)

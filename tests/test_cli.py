@@ -12,7 +12,13 @@ TINY = ["model.dim=32", "model.layers=1", "model.heads=2", "model.ffn_dim=64", "
 
 
 def toy_overrides(toy_dir):
-    return ["data=toy", "data.synthetic=null", f"data.train={toy_dir}/train", f"data.valid={toy_dir}/valid", f"data.test={toy_dir}/test"]
+    return [
+        "data=toy",
+        "data.synthetic=null",
+        f"data.train={toy_dir}/train",
+        f"data.valid={toy_dir}/valid",
+        f"data.test={toy_dir}/test",
+    ]
 
 
 def cli(main, argv, capsys):
@@ -27,9 +33,17 @@ def cli(main, argv, capsys):
 def trained(tmp_path_factory, toy_dir):
     """A run dir trained for a few steps on the toy corpus."""
     work = tmp_path_factory.mktemp("cli")
-    argv = toy_overrides(toy_dir) + TINY + [
-        f"data.cache_dir={work}/cache", "train.max_steps=8", "train.valid_every=4", "train.valid_bleu_sentences=10", f"run_dir={work}/run",
-    ]
+    argv = (
+        toy_overrides(toy_dir)
+        + TINY
+        + [
+            f"data.cache_dir={work}/cache",
+            "train.max_steps=8",
+            "train.valid_every=4",
+            "train.valid_bleu_sentences=10",
+            f"run_dir={work}/run",
+        ]
+    )
     with pytest.raises(SystemExit) as exit_info:
         run(train.main, argv)
     assert exit_info.value.code == 0
@@ -50,7 +64,9 @@ def test_train_writes_run_dir(trained):
 def test_translate_keeps_every_line_in_order(trained, toy_dir, tmp_path, capsys):
     lines = (toy_dir / "test.src").read_text().splitlines()[:5]
     source = write(tmp_path / "in.txt", [lines[0], "", lines[1], "   ", lines[2], "", "", lines[3]])
-    code, _, err = cli(translate.main, [f"checkpoint={trained}", f"input={source}", f"output={tmp_path / 'out.txt'}"], capsys)
+    code, _, err = cli(
+        translate.main, [f"checkpoint={trained}", f"input={source}", f"output={tmp_path / 'out.txt'}"], capsys
+    )
     assert code == 0, err
     out = (tmp_path / "out.txt").read_text().split("\n")
     assert out[-1] == "" and len(out) - 1 == 8
@@ -69,7 +85,9 @@ def test_translate_keeps_every_line_in_order(trained, toy_dir, tmp_path, capsys)
 
 
 def test_evaluate_prints_scores_with_signatures(trained, tmp_path, capsys):
-    code, out, err = cli(evaluate.main, [f"checkpoint={trained}", "split=test", f"hyp_out={tmp_path / 'hyp.txt'}"], capsys)
+    code, out, err = cli(
+        evaluate.main, [f"checkpoint={trained}", "split=test", f"hyp_out={tmp_path / 'hyp.txt'}"], capsys
+    )
     assert code == 0, err
     assert "BLEU = " in out and "nrefs:1|case:mixed" in out and "chrF2 = " in out and "TER = " in out
     assert "BLEU (lowercased) = " in out and "case:lc" in out  # for comparison with papers' tokenized lowercased BLEU
@@ -120,15 +138,26 @@ def test_bad_checkpoint_and_output_path(trained, tmp_path, capsys):
     code, _, err = cli(translate.main, [f"checkpoint={junk}"], capsys)
     assert code == 2 and "junk.pt" in err and "not a readable checkpoint" in err
     source = write(tmp_path / "in.txt", ["ze"])
-    code, _, err = cli(translate.main, [f"checkpoint={trained}", f"input={source}", f"output={tmp_path}/missing/out.txt"], capsys)
+    code, _, err = cli(
+        translate.main, [f"checkpoint={trained}", f"input={source}", f"output={tmp_path}/missing/out.txt"], capsys
+    )
     assert code == 2 and "does not exist" in err
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")
 def test_multi30k_trains_a_few_steps(tmp_path, capsys):
-    argv = ["data=multi30k_en_de", f"data.root={MULTI30K}", "data.vocab_size=2000", f"data.cache_dir={tmp_path}/cache"] + TINY + [
-        "train.max_steps=3", "train.valid_every=3", "train.valid_bleu_sentences=8", "decode.max_len_b=3", "decode.max_len_a=0", f"run_dir={tmp_path}/run",
-    ]
+    argv = (
+        ["data=multi30k_en_de", f"data.root={MULTI30K}", "data.vocab_size=2000", f"data.cache_dir={tmp_path}/cache"]
+        + TINY
+        + [
+            "train.max_steps=3",
+            "train.valid_every=3",
+            "train.valid_bleu_sentences=8",
+            "decode.max_len_b=3",
+            "decode.max_len_a=0",
+            f"run_dir={tmp_path}/run",
+        ]
+    )
     code, out, err = cli(train.main, argv, capsys)
     assert code == 0, err
     assert "BLEU" in out

@@ -25,16 +25,34 @@ from tests.test_errors import one_error_line
 from tests.test_resume import fork, needs_fork, wait
 
 TINY = [
-    "model.dim=16", "model.ffn_dim=32", "model.window_size=3", "data.vocab_size=100", "train.batch_tokens=512", "train.warmup=4",
-    "train.valid_every=4", "train.save_every=4", "train.log_every=2", "train.valid_bleu_sentences=5", "decode.max_len_a=1.0", "decode.max_len_b=2",
+    "model.dim=16",
+    "model.ffn_dim=32",
+    "model.window_size=3",
+    "data.vocab_size=100",
+    "train.batch_tokens=512",
+    "train.warmup=4",
+    "train.valid_every=4",
+    "train.save_every=4",
+    "train.log_every=2",
+    "train.valid_bleu_sentences=5",
+    "decode.max_len_a=1.0",
+    "decode.max_len_b=2",
 ]
 
 
 def compare_args(toy_dir, out, steps: int = 6) -> list[str]:
     """Two tiny variants of the toy experiment, one seed, on the test corpus (100 test pairs with gold alignments)."""
     return [
-        "experiment=compare_attention_toy", "variants=transformer,luong_local_p", "seeds=1", f"out={out}", "progress=false", "bootstrap=50",
-        *toy_overrides(toy_dir), f"data.cache_dir={out.parent}/cache", *TINY, f"train.max_steps={steps}",
+        "experiment=compare_attention_toy",
+        "variants=transformer,luong_local_p",
+        "seeds=1",
+        f"out={out}",
+        "progress=false",
+        "bootstrap=50",
+        *toy_overrides(toy_dir),
+        f"data.cache_dir={out.parent}/cache",
+        *TINY,
+        f"train.max_steps={steps}",
     ]
 
 
@@ -54,7 +72,15 @@ def compared(toy_dir, tmp_path_factory):
 
 
 def test_the_report_folder_has_one_row_per_variant(compared):
-    for name in ("report.md", "results.csv", "results.json", "bleu_bars.png", "learning_curves.png", "bleu_by_length.png", "attention_heatmaps.png"):
+    for name in (
+        "report.md",
+        "results.csv",
+        "results.json",
+        "bleu_bars.png",
+        "learning_curves.png",
+        "bleu_by_length.png",
+        "attention_heatmaps.png",
+    ):
         assert (compared / name).is_file(), name
     rows = read_csv(compared / "results.csv")
     assert [r["variant"] for r in rows] == ["transformer", "luong_local_p"]
@@ -64,8 +90,13 @@ def test_the_report_folder_has_one_row_per_variant(compared):
         evaluation = json.loads((compared / "runs" / row["variant"] / "seed1" / "eval.json").read_text())
         assert float(row["bleu_mean"]) == evaluation["scores"]["bleu"]["score"] == variant["bleu"]["mean"]
         assert f"| {row['variant']} " in report.split("## Training")[0]
-        assert evaluation["alignment"]["sentences"] + evaluation["alignment"]["skipped"] == 100  # gold found beside data.test
-    assert results["variants"][1]["significance"]["bootstrap"]["seeds"] == [1] and results["variants"][0]["significance"] is None
+        assert (
+            evaluation["alignment"]["sentences"] + evaluation["alignment"]["skipped"] == 100
+        )  # gold found beside data.test
+    assert (
+        results["variants"][1]["significance"]["bootstrap"]["seeds"] == [1]
+        and results["variants"][0]["significance"] is None
+    )
     assert len(results["consistency"]["tokenizer_sha256"]) == 1  # one tokenizer for both variants
     local_p = results["variants"][1]["attention"]["p_t_diagonal_distance"]["mean"]
     assert local_p is not None and results["variants"][0]["attention"]["p_t_diagonal_distance"]["mean"] is None
@@ -106,7 +137,10 @@ def test_a_killed_comparison_skips_the_finished_run_and_resumes_the_other(toy_di
     assert not (killed / "results.json").exists() and (killed / "checkpoints" / "last.pt").is_file()
     code, text, err = cli(compare.main, args, capsys)
     assert code == 0, err
-    assert "[1/2] transformer seed 1: finished earlier" in text and "[2/2] luong_local_p seed 1: resuming from step 4" in text
+    assert (
+        "[1/2] transformer seed 1: finished earlier" in text
+        and "[2/2] luong_local_p seed 1: resuming from step 4" in text
+    )
     assert (finished / "eval.json").stat().st_mtime_ns == scored_at  # not trained or scored again
     assert f"resumed from {killed}/checkpoints/last.pt at step 4" in (killed / "train.log").read_text()
     assert json.loads((killed / "results.json").read_text())["steps"] == 8
@@ -158,10 +192,18 @@ def test_mistakes_are_one_line(toy_dir, tmp_path, capsys):
     args = compare_args(toy_dir, tmp_path / "report")
     code, _, err = cli(compare.main, args + ["variants=transformer,lstm"], capsys)
     one_error_line(code, err, "error: variants: no variant named 'lstm'; expected one of transformer,")
-    code, _, err = cli(compare.main, ["variants=lstm", f"out={tmp_path}/none"], capsys)  # no experiment: no variants at all
-    one_error_line(code, err, "error: variants: no variant named 'lstm'; none are defined: give experiment=compare_NAME")
+    code, _, err = cli(
+        compare.main, ["variants=lstm", f"out={tmp_path}/none"], capsys
+    )  # no experiment: no variants at all
+    one_error_line(
+        code, err, "error: variants: no variant named 'lstm'; none are defined: give experiment=compare_NAME"
+    )
     code, _, err = cli(compare.main, args + ["overrides.transformer=[model=transformer,data.max_len=50]"], capsys)
-    one_error_line(code, err, "error: variant luong_local_p: data.max_len=80 but transformer has 50; every variant must share the data")
+    one_error_line(
+        code,
+        err,
+        "error: variant luong_local_p: data.max_len=80 but transformer has 50; every variant must share the data",
+    )
     code, _, err = cli(compare.main, ["report_only=true", f"out={tmp_path}/nothing"], capsys)
     one_error_line(code, err, f"error: out={tmp_path}/nothing: no comparison.yaml there")
     code, _, err = cli(compare.main, ["report_only=true", f"out={tmp_path}", "train.max_steps=5"], capsys)
@@ -178,7 +220,9 @@ def test_a_run_dir_with_other_settings_is_not_taken_for_finished(compared, toy_d
 
 def test_forced_attention_is_the_attention_of_greedy_search():
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="luong", dim=16, layers=1, window="local_p", window_size=2, dropout=0.0), 30, 30, joint=True).eval()
+    model = build_model(
+        ModelConfig(arch="luong", dim=16, layers=1, window="local_p", window_size=2, dropout=0.0), 30, 30, joint=True
+    ).eval()
     batch = random_batch(30, src_lens=(6, 3), tgt_lens=(1, 1))
     hyps = greedy_search(model, batch.src, batch.src_mask, torch.tensor([5, 4]), 0, 0.0)
     src = [row[mask][:-1].tolist() for row, mask in zip(batch.src, batch.src_mask)]
@@ -186,7 +230,12 @@ def test_forced_attention_is_the_attention_of_greedy_search():
     forced = forced_attention(model, src, tgt, torch.device("cpu"))
     for hyp, probe, s in zip(hyps, forced, src):
         steps = len(hyp.tokens) + (1 if hyp.tokens and len(hyp.attention) > len(hyp.tokens) else 0)
-        torch.testing.assert_close(torch.tensor(probe.attention[:steps]), hyp.attention[:steps].float(), atol=1e-5, rtol=0)
-        assert probe.positions.shape == (len(hyp.tokens) + 1,) and ((probe.positions >= 0) & (probe.positions <= len(s) + 1)).all()
+        torch.testing.assert_close(
+            torch.tensor(probe.attention[:steps]), hyp.attention[:steps].float(), atol=1e-5, rtol=0
+        )
+        assert (
+            probe.positions.shape == (len(hyp.tokens) + 1,)
+            and ((probe.positions >= 0) & (probe.positions <= len(s) + 1)).all()
+        )
     assert all("positions" not in vars(w) for w in predictive_windows(model))  # the recorder is gone
     assert EOS not in tgt[0]

@@ -17,8 +17,14 @@ from tests.conftest import write
 SRC = ["a b c", "d e", "f g h i", "j k l m n o", "p", "q r s t"]
 REF = ["x y z", "u v", "w x y z", "p q r s t u", "v", "a b c d"]
 OUTPUTS = {  # variant -> seed -> test output
-    "base": {1: ["x y q", "u v", "w x q z", "p q r s q u", "q", "a q c d"], 2: ["x q z", "u q", "w x y q", "p q q s t u", "v", "a b q d"]},
-    "good": {1: ["x y z", "u v", "w x y z", "p q r s t u", "v", "a b c q"], 2: ["x y z", "u v", "w x y z", "p q r s t q", "v", "a b c d"]},
+    "base": {
+        1: ["x y q", "u v", "w x q z", "p q r s q u", "q", "a q c d"],
+        2: ["x q z", "u q", "w x y q", "p q q s t u", "v", "a b q d"],
+    },
+    "good": {
+        1: ["x y z", "u v", "w x y z", "p q r s t u", "v", "a b c q"],
+        2: ["x y z", "u v", "w x y z", "p q r s t q", "v", "a b c d"],
+    },
 }
 LOG = """model: transformer, 1,000 parameters
 step 2/4 | epoch 0.50 | loss 3.000 ppl 20.1 | lr 1.00e-03 | 1,000 tok/s | 10s | ETA 10s
@@ -33,12 +39,29 @@ def fixture_run(folder, seed, hyps, bleu_offset=0.0):
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(config_to_yaml(Config(data=DataConfig(train="t"))))
     scores = {m: corpus_score(m, hyps, REF) for m in ("bleu", "chrf", "ter", "bleu_lc")}
-    (folder / "results.json").write_text(json.dumps({"steps": 4, "wall_s": 40.0 + 2 * seed, "train_tokens_per_s": 1000.0 * seed, "timed_out": False}))
+    (folder / "results.json").write_text(
+        json.dumps({"steps": 4, "wall_s": 40.0 + 2 * seed, "train_tokens_per_s": 1000.0 * seed, "timed_out": False})
+    )
     evaluation = {
-        "checkpoint_step": 4, "sentences": len(hyps), "test_sha256": "t", "decode": "beam=1", "sentences_per_s": 50.0,
-        "parameters": 1234, "tokenizer_sha256": "k",
-        "scores": {m: {"score": s.score + (bleu_offset if m == "bleu" else 0.0), "signature": s.signature} for m, s in scores.items()},
-        "attention": {"entropy": 0.5 * seed, "max_weight": 0.9, "coverage": 1.0, "under_attended": 0.1, "over_attended": 0.0, "p_t_diagonal_distance": None},
+        "checkpoint_step": 4,
+        "sentences": len(hyps),
+        "test_sha256": "t",
+        "decode": "beam=1",
+        "sentences_per_s": 50.0,
+        "parameters": 1234,
+        "tokenizer_sha256": "k",
+        "scores": {
+            m: {"score": s.score + (bleu_offset if m == "bleu" else 0.0), "signature": s.signature}
+            for m, s in scores.items()
+        },
+        "attention": {
+            "entropy": 0.5 * seed,
+            "max_weight": 0.9,
+            "coverage": 1.0,
+            "under_attended": 0.1,
+            "over_attended": 0.0,
+            "p_t_diagonal_distance": None,
+        },
         "alignment": {"aer": 0.2 + 0.1 * seed, "precision": 0.8, "recall": 0.7},
     }
     (folder / "eval.json").write_text(json.dumps(evaluation))
@@ -54,31 +77,53 @@ def out(tmp_path):
             fixture_run(out / "runs" / name / f"seed{seed}", seed, hyps)
     write(out / "test.src", SRC)
     write(out / "test.ref", REF)
-    plan = CompareConfig(out=str(out), name="Fixture", overrides={"base": ["model=transformer"], "good": ["model=luong"]}, seeds=[1, 2],
-                         baseline="base", bootstrap=200, length_buckets=2, heatmap_lines=[0])
+    plan = CompareConfig(
+        out=str(out),
+        name="Fixture",
+        overrides={"base": ["model=transformer"], "good": ["model=luong"]},
+        seeds=[1, 2],
+        baseline="base",
+        bootstrap=200,
+        length_buckets=2,
+        heatmap_lines=[0],
+    )
     (out / "comparison.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(plan)))
     return out
 
 
 def main_rows(report: str) -> dict[str, list[str]]:
     table = report.split("## Main results")[1].split("How to read")[0]
-    return {cells[0]: cells for line in table.splitlines() if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])}
+    return {
+        cells[0]: cells
+        for line in table.splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
 
 
 def test_tables_come_from_the_runs(out):
     build_report(out)
     report = (out / "report.md").read_text()
     good = main_rows(report)["good"]
-    bleu = [json.loads((out / "runs" / "good" / f"seed{s}" / "eval.json").read_text())["scores"]["bleu"]["score"] for s in (1, 2)]
-    mean, std = sum(bleu) / 2, abs(bleu[0] - bleu[1]) / 2 ** 0.5
+    bleu = [
+        json.loads((out / "runs" / "good" / f"seed{s}" / "eval.json").read_text())["scores"]["bleu"]["score"]
+        for s in (1, 2)
+    ]
+    mean, std = sum(bleu) / 2, abs(bleu[0] - bleu[1]) / 2**0.5
     assert good[1] == f"{mean:.1f} ± {std:.1f}"
     assert good[8] == "0.350 ± 0.071"  # AER of seeds 1 and 2: 0.3, 0.4
-    assert good[11] == "43s"  # the mean of wall_s 42 and 44 (results.json files without train_s), as nmt-train prints it
-    base_bleu = [json.loads((out / "runs" / "base" / f"seed{s}" / "eval.json").read_text())["scores"]["bleu"]["score"] for s in (1, 2)]
+    assert (
+        good[11] == "43s"
+    )  # the mean of wall_s 42 and 44 (results.json files without train_s), as nmt-train prints it
+    base_bleu = [
+        json.loads((out / "runs" / "base" / f"seed{s}" / "eval.json").read_text())["scores"]["bleu"]["score"]
+        for s in (1, 2)
+    ]
     assert good[2] == f"{mean - sum(base_bleu) / 2:+.2f}"  # Δ: the difference of the means shown
     # The cluster bootstrap, recomputed here with sacrebleu on each draw: the same sentence indices for both seeds
     picks = np.random.default_rng(12345).integers(0, len(REF), size=(200, len(REF)))
-    score = lambda variant, seed, idx: BLEU().corpus_score([OUTPUTS[variant][seed][i] for i in idx], [[REF[i] for i in idx]]).score  # noqa: E731
+    score = lambda variant, seed, idx: (
+        BLEU().corpus_score([OUTPUTS[variant][seed][i] for i in idx], [[REF[i] for i in idx]]).score
+    )  # noqa: E731
     draws = np.array([np.mean([score("good", s, idx) - score("base", s, idx) for s in (1, 2)]) for idx in picks])
     observed = np.mean([score("good", s, range(len(REF))) - score("base", s, range(len(REF))) for s in (1, 2)])
     low, high = np.percentile(draws, [2.5, 97.5])
@@ -116,7 +161,11 @@ def test_an_unfinished_run_is_listed_and_left_out_of_the_means(out):
 
 def test_learning_curves_from_train_log(tmp_path):
     log = tmp_path / "train.log"
-    log.write_text(LOG.format(loss=1.0, ppl="2.72") + "resumed from x/checkpoints/last.pt at step 2\n" + LOG.split("\n", 3)[3].format(loss=0.5, ppl="1.65"))
+    log.write_text(
+        LOG.format(loss=1.0, ppl="2.72")
+        + "resumed from x/checkpoints/last.pt at step 2\n"
+        + LOG.split("\n", 3)[3].format(loss=0.5, ppl="1.65")
+    )
     curve = read_curve(log, final_step=4, final_seconds=31.0)
     assert [p[0] for p in curve.valid] == [2, 4]  # step 4 repeated after the resume: the last line wins
     assert curve.valid[1][2] == 0.5 and curve.valid[0][1] == 10.0 and curve.valid[1][1] == 31.0

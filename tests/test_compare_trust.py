@@ -45,10 +45,22 @@ def eval_of(out, variant="transformer"):
 
 def test_each_run_records_how_it_trained(spawned):
     conditions = json.loads((spawned / "runs" / "transformer" / "seed1" / "conditions.json").read_text())
-    assert conditions == [{"from_step": 0, "jobs": 2, "threads": 1, "precision": "fp32", "batch_tokens": 512, "accumulate": 1,
-                           "budget_clock": "wall", "device": "auto"}]
+    assert conditions == [
+        {
+            "from_step": 0,
+            "jobs": 2,
+            "threads": 1,
+            "precision": "fp32",
+            "batch_tokens": 512,
+            "accumulate": 1,
+            "budget_clock": "wall",
+            "device": "auto",
+        }
+    ]
     report = (spawned / "report.md").read_text()
-    assert "Checked from the runs' files: every finished run used the same tokenizer, test set, training budget" in report
+    assert (
+        "Checked from the runs' files: every finished run used the same tokenizer, test set, training budget" in report
+    )
     results = json.loads((spawned / "runs" / "transformer" / "seed1" / "results.json").read_text())
     assert results["train_s"] <= results["wall_s"] and {"valid_s", "save_s", "train_cpu_s"} <= set(results)
 
@@ -56,14 +68,23 @@ def test_each_run_records_how_it_trained(spawned):
 def test_a_comparison_resumed_with_other_thresholds_is_scored_again_not_retrained(spawned, toy_dir, capsys):
     trained_at = (spawned / "runs" / "transformer" / "seed1" / "results.json").stat().st_mtime_ns
     assert eval_of(spawned)["settings"]["under_attended"] == 0.5
-    code, out, err = cli(compare.main, compare_args(toy_dir, spawned) + ["train.threads=1", "under_attended=0.25"], capsys)
+    code, out, err = cli(
+        compare.main, compare_args(toy_dir, spawned) + ["train.threads=1", "under_attended=0.25"], capsys
+    )
     assert code == 0, err
-    assert "transformer seed 1: scored earlier with other settings (under_attended: 0.5 -> 0.25); scoring again, not retraining" in out
+    assert (
+        "transformer seed 1: scored earlier with other settings (under_attended: 0.5 -> 0.25); scoring again, not retraining"
+        in out
+    )
     assert eval_of(spawned)["settings"]["under_attended"] == 0.25
     assert (spawned / "runs" / "transformer" / "seed1" / "results.json").stat().st_mtime_ns == trained_at
     # report_only with yet another threshold would relabel the numbers: refused, naming the key
     code, _, err = cli(compare.main, ["report_only=true", f"out={spawned}", "under_attended=0.4"], capsys)
-    one_error_line(code, err, "error: report_only=true: transformer seed 1 was scored with under_attended=0.25, but the report would state under_attended=0.4")
+    one_error_line(
+        code,
+        err,
+        "error: report_only=true: transformer seed 1 was scored with under_attended=0.25, but the report would state under_attended=0.4",
+    )
     code, _, err = cli(compare.main, ["report_only=true", f"out={spawned}", "heatmap_lines=[1]"], capsys)
     one_error_line(code, err, "was scored with heatmap_lines=")
     code, _, err = cli(compare.main, ["report_only=true", f"out={spawned}"], capsys)
@@ -87,7 +108,9 @@ def test_a_stale_gold_alignment_file_is_removed(toy_dir, tmp_path):
     (out / TEST_ALIGN).write_text("0-0\n")
     (tmp_path / "plain.src").write_text("a b\n")
     (tmp_path / "plain.tgt").write_text("c d\n")
-    test, align = prepare_test(CompareConfig(), DataConfig(train=f"{toy_dir}/train", test=f"{tmp_path}/plain", src="src", tgt="tgt"), out)
+    test, align = prepare_test(
+        CompareConfig(), DataConfig(train=f"{toy_dir}/train", test=f"{tmp_path}/plain", src="src", tgt="tgt"), out
+    )
     assert align is None and test.gold is None and test.align_sha256 is None and not (out / TEST_ALIGN).exists()
 
 
@@ -105,11 +128,28 @@ def test_a_slow_validation_takes_no_training_time(toy_dir, tmp_path, monkeypatch
     """Two runs with the same 0.04-minute budget, one validating 0.5 s slower each time: both train 2.4 s."""
 
     def fit(name: str) -> dict:
-        cfg = Config(data=DataConfig(name="toy", train=f"{toy_dir}/train", valid=f"{toy_dir}/valid", src="src", tgt="tgt", vocab_size=100,
-                                     cache_dir=str(tmp_path / "cache")),
-                     model=ModelConfig(arch="transformer", dim=16, ffn_dim=32, layers=1, heads=2),
-                     train=TrainConfig(max_steps=100000, max_time=0.04, batch_tokens=256, valid_every=40, save_every=1000, threads=1,
-                                       valid_bleu_sentences=5, progress=False))
+        cfg = Config(
+            data=DataConfig(
+                name="toy",
+                train=f"{toy_dir}/train",
+                valid=f"{toy_dir}/valid",
+                src="src",
+                tgt="tgt",
+                vocab_size=100,
+                cache_dir=str(tmp_path / "cache"),
+            ),
+            model=ModelConfig(arch="transformer", dim=16, ffn_dim=32, layers=1, heads=2),
+            train=TrainConfig(
+                max_steps=100000,
+                max_time=0.04,
+                batch_tokens=256,
+                valid_every=40,
+                save_every=1000,
+                threads=1,
+                valid_bleu_sentences=5,
+                progress=False,
+            ),
+        )
         return Trainer(cfg, tmp_path / name).fit()
 
     fast = fit("fast")
@@ -118,7 +158,9 @@ def test_a_slow_validation_takes_no_training_time(toy_dir, tmp_path, monkeypatch
     for results in (fast, slow):
         assert 2.4 <= results["train_s"] < 2.9 and results["timed_out"]
     validations = slow["steps"] // 40 + 1
-    assert validations >= 3 and slow["valid_s"] > fast["valid_s"] + 0.5 * validations - 0.2  # none of it counted as training
+    assert (
+        validations >= 3 and slow["valid_s"] > fast["valid_s"] + 0.5 * validations - 0.2
+    )  # none of it counted as training
     assert slow["wall_s"] > slow["train_s"] + 0.5 * validations
     assert 0.6 < slow["steps"] / fast["steps"] < 1.6  # the same budget buys about the same number of updates
 
@@ -126,13 +168,19 @@ def test_a_slow_validation_takes_no_training_time(toy_dir, tmp_path, monkeypatch
 def test_submitit_local_dispatch(toy_dir, tmp_path, capsys):
     pytest.importorskip("submitit")
     out = tmp_path / "report"
-    code, text, err = cli(compare.main, compare_args(toy_dir, out, steps=4) + ["launcher=submitit_local", "train.threads=1", "slurm.timeout_min=10"], capsys)
+    code, text, err = cli(
+        compare.main,
+        compare_args(toy_dir, out, steps=4) + ["launcher=submitit_local", "train.threads=1", "slurm.timeout_min=10"],
+        capsys,
+    )
     assert code == 0, err
     assert "2 jobs submitted (submitit_local)" in text and "transformer seed 1: job" in text
     assert (out / "report.md").is_file() and (out / "submitit").is_dir()
     for variant in ("transformer", "luong_local_p"):
         assert (out / "runs" / variant / "seed1" / "eval.json").is_file()
-    code, text, err = cli(compare.main, compare_args(toy_dir, out, steps=4) + ["launcher=submitit_local", "train.threads=1"], capsys)
+    code, text, err = cli(
+        compare.main, compare_args(toy_dir, out, steps=4) + ["launcher=submitit_local", "train.threads=1"], capsys
+    )
     assert code == 0 and "jobs submitted" not in text  # nothing left to run: the report alone
 
 
@@ -158,7 +206,9 @@ def test_local_p_positions_stay_exact_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         positions = window.positions(query, mask, None)
     assert positions.dtype == torch.float32
-    torch.testing.assert_close(positions, exact, atol=0.5, rtol=0.02)  # bf16 would round 200.4 to 200 and collide above 256
+    torch.testing.assert_close(
+        positions, exact, atol=0.5, rtol=0.02
+    )  # bf16 would round 200.4 to 200 and collide above 256
     assert len(set(positions.flatten().tolist())) == 4
     keys = torch.randn(1, 300, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -168,10 +218,13 @@ def test_local_p_positions_stay_exact_under_bf16_autocast():
 
 def test_decode_precision_is_honoured_in_scoring(toy_dir, tmp_path, capsys):
     out = tmp_path / "report"
-    code, _, err = cli(compare.main, compare_args(toy_dir, out, steps=4) + ["variants=transformer", "decode.precision=int8", "train.threads=1"], capsys)
+    code, _, err = cli(
+        compare.main,
+        compare_args(toy_dir, out, steps=4) + ["variants=transformer", "decode.precision=int8", "train.threads=1"],
+        capsys,
+    )
     assert code == 0, err
     evaluation = eval_of(out)
     assert "precision=int8" in evaluation["decode"] and "precision=int8" in evaluation["settings"]["decode"]
     log = (out / "runs" / "transformer" / "seed1" / "train.log").read_text()
     assert "precision=int8" in log  # validation searched in int8 too
-

@@ -6,7 +6,18 @@ from dataclasses import fields
 import pytest
 
 from nmt.cli import average, compare, evaluate, export, train, translate
-from nmt.config import AverageConfig, CompareConfig, Config, DataConfig, DecodeConfig, EvaluateConfig, ExportConfig, ModelConfig, TrainConfig, TranslateConfig
+from nmt.config import (
+    AverageConfig,
+    CompareConfig,
+    Config,
+    DataConfig,
+    DecodeConfig,
+    EvaluateConfig,
+    ExportConfig,
+    ModelConfig,
+    TrainConfig,
+    TranslateConfig,
+)
 from tests.test_cli import cli
 from tests.test_errors import one_error_line
 
@@ -28,7 +39,9 @@ def test_every_numeric_key_declares_its_range():
                 assert "rule" in f.metadata, f"{schema.__name__}.{f.name} has no rule"
 
 
-@pytest.mark.parametrize("section, name, bad", [(s, n, b) for s, schema in SECTIONS.items() for n, b in ruled_keys(schema)])
+@pytest.mark.parametrize(
+    "section, name, bad", [(s, n, b) for s, schema in SECTIONS.items() for n, b in ruled_keys(schema)]
+)
 def test_every_training_key_with_a_bad_value(section, name, bad, tmp_path, capsys):
     code, _, err = cli(train.main, NO_DATA + [f"{section}.{name}={bad}", f"run_dir={tmp_path}/run"], capsys)
     one_error_line(code, err, f"error: {section}.{name}=")
@@ -37,12 +50,18 @@ def test_every_training_key_with_a_bad_value(section, name, bad, tmp_path, capsy
 
 @pytest.mark.parametrize(
     "main, schema, base",
-    [(translate.main, TranslateConfig, ["checkpoint=/nonexistent.pt"]), (evaluate.main, EvaluateConfig, ["checkpoint=/nonexistent.pt"]),
-     (average.main, AverageConfig, ["run=/nonexistent"]), (compare.main, CompareConfig, ["experiment=compare_attention_toy", "out=/nonexistent"]),
-     (export.main, ExportConfig, ["checkpoint=/nonexistent.pt", "out=/nonexistent/out"])],
+    [
+        (translate.main, TranslateConfig, ["checkpoint=/nonexistent.pt"]),
+        (evaluate.main, EvaluateConfig, ["checkpoint=/nonexistent.pt"]),
+        (average.main, AverageConfig, ["run=/nonexistent"]),
+        (compare.main, CompareConfig, ["experiment=compare_attention_toy", "out=/nonexistent"]),
+        (export.main, ExportConfig, ["checkpoint=/nonexistent.pt", "out=/nonexistent/out"]),
+    ],
 )
 def test_every_command_key_with_a_bad_value(main, schema, base, capsys):
-    cases = [(name, bad) for name, bad in ruled_keys(schema)] + [(f"decode.{n}", b) for n, b in ruled_keys(DecodeConfig) if hasattr(schema, "decode")]
+    cases = [(name, bad) for name, bad in ruled_keys(schema)] + [
+        (f"decode.{n}", b) for n, b in ruled_keys(DecodeConfig) if hasattr(schema, "decode")
+    ]
     assert cases
     for name, bad in cases:
         code, _, err = cli(main, base + [f"{name}={bad}"], capsys)
@@ -64,7 +83,10 @@ def test_every_command_key_with_a_bad_value(main, schema, base, capsys):
         ("model.norm=typo", "model.norm=typo: unknown; expected one of pre, post"),
         ("train.device=gpu", "train.device=gpu: unknown; expected auto, cpu, cuda or cuda:N"),
         ("train.precision=fp8", "train.precision=fp8: unknown; expected one of fp32, bf16, fp16"),
-        ("model.cell=rnn", "model.cell=rnn: unknown; expected one of gru, lstm"),  # checked even for the Transformer, which ignores it
+        (
+            "model.cell=rnn",
+            "model.cell=rnn: unknown; expected one of gru, lstm",
+        ),  # checked even for the Transformer, which ignores it
         ("experiment=no_such_name", "experiment=no_such_name: no such recipe in recipes/experiment/; expected one of"),
         ("decode=wide", "decode=wide: no such recipe in recipes/decode/; expected one of beam, greedy, sampling"),
         # combinations

@@ -65,9 +65,9 @@ def test_hf_dataset_from_local_folder(tmp_path):
     from nmt.data.corpus import read_hf
 
     rows = {"translation": [{"en": "a", "de": "x"}, {"en": "b", "de": "y"}]}
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "validation": datasets.Dataset.from_dict(rows)}).save_to_disk(
-        str(tmp_path / "hf")
-    )
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict(rows), "validation": datasets.Dataset.from_dict(rows)}
+    ).save_to_disk(str(tmp_path / "hf"))
     assert read_hf(str(tmp_path / "hf"), "valid", "en", "de").tgt == ["x", "y"]
     with pytest.raises(NmtError, match="no test split"):
         read_hf(str(tmp_path / "hf"), "test", "en", "de")
@@ -76,8 +76,13 @@ def test_hf_dataset_from_local_folder(tmp_path):
 # --- properties: whatever Unicode text is written, one line per "\n" reads back unchanged ------------
 # Any character but "\n" (and lone surrogates, which UTF-8 cannot encode), with the other line breaks
 # str.splitlines() would split on (\r, \u2028, \u2029, \x85, \x0b, \x0c, \x1c) and a BOM drawn often.
-CHARS = st.one_of(st.characters(exclude_categories=("Cs",), exclude_characters="\n"), st.sampled_from("\r\t\u2028\u2029\x85\x0b\x0c\x1c\ufeff "))
-LINE = st.text(CHARS, max_size=30).filter(lambda line: not line.endswith("\r"))  # a final "\r" is read as part of "\r\n"
+CHARS = st.one_of(
+    st.characters(exclude_categories=("Cs",), exclude_characters="\n"),
+    st.sampled_from("\r\t\u2028\u2029\x85\x0b\x0c\x1c\ufeff "),
+)
+LINE = st.text(CHARS, max_size=30).filter(
+    lambda line: not line.endswith("\r")
+)  # a final "\r" is read as part of "\r\n"
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -111,7 +116,11 @@ def test_streamed_lines_equal_read_lines(tmp_path, data):
 
     (tmp_path / "f.txt").write_bytes(data)
     (tmp_path / "f.txt.gz").write_bytes(gzip.compress(data))
-    assert list(iter_lines(tmp_path / "f.txt")) == read_lines(tmp_path / "f.txt") == list(iter_lines(tmp_path / "f.txt.gz"))
+    assert (
+        list(iter_lines(tmp_path / "f.txt"))
+        == read_lines(tmp_path / "f.txt")
+        == list(iter_lines(tmp_path / "f.txt.gz"))
+    )
 
 
 def test_streamed_lines_name_a_bad_line_and_a_missing_file(tmp_path):

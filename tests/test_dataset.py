@@ -7,7 +7,9 @@ from tests.conftest import write
 
 
 def config(tmp_path, **kw) -> DataConfig:
-    return DataConfig(train=str(tmp_path / "c"), src="en", tgt="de", vocab_size=60, cache_dir=str(tmp_path / "cache"), **kw)
+    return DataConfig(
+        train=str(tmp_path / "c"), src="en", tgt="de", vocab_size=60, cache_dir=str(tmp_path / "cache"), **kw
+    )
 
 
 def test_filters_count_what_they_remove():
@@ -51,9 +53,9 @@ def test_a_datasets_folder_feeds_the_pipeline(tmp_path):
     import datasets
 
     rows = {"translation": [{"en": f"the cat {i}", "de": f"die katze {i}"} for i in range(20)]}
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)}).save_to_disk(
-        str(tmp_path / "hf")
-    )
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)}
+    ).save_to_disk(str(tmp_path / "hf"))
     cfg = DataConfig(hf=str(tmp_path / "hf"), src="en", tgt="de", vocab_size=40, cache_dir=str(tmp_path / "cache"))
     prepared = prepare_data(cfg, log=lambda _: None)
     assert set(prepared.splits) == {"train", "test"}  # no validation split in this dataset
@@ -85,12 +87,17 @@ def test_memory_mapped_split_gives_the_batches_of_in_memory_lists(toy_dir, tmp_p
     assert tokenizer.state() == prepared.tokenizer.state()  # trained on streamed columns as on lists
     src, tgt = tokenizer.encode_src(src_lines), tokenizer.encode_tgt(tgt_lines)
     keep = [
-        i for i, (s, t) in enumerate(zip(src, tgt))
+        i
+        for i, (s, t) in enumerate(zip(src, tgt))
         if s and t and len(s) <= max_len and len(t) <= max_len and max(len(s), len(t)) <= ratio * min(len(s), len(t))
     ]
     assert 2000 < len(keep) < len(src) and prepared.splits["train"].src_ids.array.num_chunks > 1
     split = prepared.splits["train"]
-    assert len(split) == len(keep) and split.src_text[:] == [src_lines[i] for i in keep] and split.tgt_text[-1] == tgt_lines[keep[-1]]
+    assert (
+        len(split) == len(keep)
+        and split.src_text[:] == [src_lines[i] for i in keep]
+        and split.tgt_text[-1] == tgt_lines[keep[-1]]
+    )
     src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
     assert split.lengths() == ([len(s) for s in src], [len(t) for t in tgt])
     batches = token_batches(*split.lengths(), batch_tokens=300, seed=1, epoch=2)
@@ -102,7 +109,9 @@ def test_memory_mapped_split_gives_the_batches_of_in_memory_lists(toy_dir, tmp_p
     valid = prepared.splits["valid"]  # not filtered
     assert valid.tgt_ids[:] == tokenizer.encode_tgt(read_lines(toy_dir / "valid.tgt"))
     rows = [7, 0, 99]
-    assert torch.equal(valid.batch(rows).src, make_batch([valid.src_ids[i] for i in rows], [valid.tgt_ids[i] for i in rows]).src)
+    assert torch.equal(
+        valid.batch(rows).src, make_batch([valid.src_ids[i] for i in rows], [valid.tgt_ids[i] for i in rows]).src
+    )
 
 
 def test_two_processes_prepare_the_same_cache_as_one(toy_dir, tmp_path, monkeypatch):
@@ -110,7 +119,9 @@ def test_two_processes_prepare_the_same_cache_as_one(toy_dir, tmp_path, monkeypa
 
     procs: list = []
     real_map = datasets.Dataset.map
-    monkeypatch.setattr(datasets.Dataset, "map", lambda self, *a, **kw: (procs.append(kw["num_proc"]), real_map(self, *a, **kw))[1])
+    monkeypatch.setattr(
+        datasets.Dataset, "map", lambda self, *a, **kw: (procs.append(kw["num_proc"]), real_map(self, *a, **kw))[1]
+    )
     one = prepare_data(toy_data(toy_dir, tmp_path / "one", num_proc=1), log=lambda _: None)
     two = prepare_data(toy_data(toy_dir, tmp_path / "two", num_proc=2), log=lambda _: None)
     assert procs == [None, None, 2, None]  # train (3,000 pairs) in two processes; valid (100) in one

@@ -9,7 +9,9 @@ from nmt.evaluation.diagnostics import AttentionStats, coverage, diagonal_distan
 
 
 def test_entropy_of_uniform_one_hot_and_unnormalised_rows():
-    rows = np.array([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.2, 0.2, 0.0, 0.0]])  # the last sums to 0.4 (local-p)
+    rows = np.array(
+        [[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.2, 0.2, 0.0, 0.0]]
+    )  # the last sums to 0.4 (local-p)
     np.testing.assert_allclose(row_entropy(rows), [math.log(4), 0.0, math.log(2)])
 
 

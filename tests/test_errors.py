@@ -27,7 +27,9 @@ def one_error_line(code: int, err: str, *parts: str) -> None:
 
 
 def nothing_left(folder: Path) -> None:
-    assert not [p.name for p in folder.iterdir() if p.name.startswith(".") or p.name in ("out.txt", "run")], list(folder.iterdir())
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".") or p.name in ("out.txt", "run")], list(
+        folder.iterdir()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,17 @@ def corpus(tmp_path_factory, toy_dir):
 
 
 def train_args(tmp_path: Path, train_prefix: str, *extra: str) -> list[str]:
-    return ["data=parallel", f"data.train={train_prefix}", "data.src=src", "data.tgt=tgt", f"data.cache_dir={tmp_path}/cache",
-            f"run_dir={tmp_path}/run", *TINY, "train.max_steps=1", *extra]
+    return [
+        "data=parallel",
+        f"data.train={train_prefix}",
+        "data.src=src",
+        "data.tgt=tgt",
+        f"data.cache_dir={tmp_path}/cache",
+        f"run_dir={tmp_path}/run",
+        *TINY,
+        "train.max_steps=1",
+        *extra,
+    ]
 
 
 def train_fails(tmp_path, capsys, prefix, *parts, extra=()):
@@ -55,7 +66,12 @@ def train_fails(tmp_path, capsys, prefix, *parts, extra=()):
 def test_different_line_counts(tmp_path, capsys):
     write(tmp_path / "c.src", ["a", "b", "c"])
     write(tmp_path / "c.tgt", ["x", "y"])
-    train_fails(tmp_path, capsys, tmp_path / "c", f"{tmp_path}/c.src has 3 lines but {tmp_path}/c.tgt has 2; parallel files must have the same number of lines")
+    train_fails(
+        tmp_path,
+        capsys,
+        tmp_path / "c",
+        f"{tmp_path}/c.src has 3 lines but {tmp_path}/c.tgt has 2; parallel files must have the same number of lines",
+    )
 
 
 def test_missing_file(tmp_path, capsys):
@@ -84,25 +100,38 @@ def test_directory_where_a_file_is_expected(tmp_path, capsys):
 def test_invalid_utf8(tmp_path, capsys):
     (tmp_path / "u.src").write_bytes(b"fine\nalso fine\nbad \xff byte\n")
     write(tmp_path / "u.tgt", ["x", "y", "z"])
-    train_fails(tmp_path, capsys, tmp_path / "u", f"error: {tmp_path}/u.src:3: invalid UTF-8 (byte 0xff); expected UTF-8 text")
+    train_fails(
+        tmp_path, capsys, tmp_path / "u", f"error: {tmp_path}/u.src:3: invalid UTF-8 (byte 0xff); expected UTF-8 text"
+    )
 
 
 def test_empty_corpus(tmp_path, capsys):
     write(tmp_path / "e.src", [])
     write(tmp_path / "e.tgt", [])
-    train_fails(tmp_path, capsys, tmp_path / "e", f"error: {tmp_path}/e.src, {tmp_path}/e.tgt: the training corpus is empty")
+    train_fails(
+        tmp_path, capsys, tmp_path / "e", f"error: {tmp_path}/e.src, {tmp_path}/e.tgt: the training corpus is empty"
+    )
 
 
 def test_empty_after_filtering(tmp_path, capsys, corpus):
     train_fails(
-        tmp_path, capsys, corpus / "ok", f"error: {corpus}/ok.src, {corpus}/ok.tgt: no training pairs left after filtering 200 pairs",
-        "max_len>1 removed", extra=["data.max_len=1"],
+        tmp_path,
+        capsys,
+        corpus / "ok",
+        f"error: {corpus}/ok.src, {corpus}/ok.tgt: no training pairs left after filtering 200 pairs",
+        "max_len>1 removed",
+        extra=["data.max_len=1"],
     )
 
 
 def test_bad_tsv_and_jsonl_lines(tmp_path, capsys):
     write(tmp_path / "c.tsv", ["a\tx", "no tab"])
-    train_fails(tmp_path, capsys, tmp_path / "c.tsv", f"error: {tmp_path}/c.tsv:2: expected 2 tab-separated fields (source, target), found 1")
+    train_fails(
+        tmp_path,
+        capsys,
+        tmp_path / "c.tsv",
+        f"error: {tmp_path}/c.tsv:2: expected 2 tab-separated fields (source, target), found 1",
+    )
     write(tmp_path / "c.jsonl", ['{"src": "a", "tgt": "x"}', "{not json"])
     train_fails(tmp_path, capsys, tmp_path / "c.jsonl", f"error: {tmp_path}/c.jsonl:2: invalid JSON")
 
@@ -111,14 +140,29 @@ def test_bad_tsv_and_jsonl_lines(tmp_path, capsys):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.no_such_key=1", "error: train.no_such_key: unknown key 'no_such_key'; valid keys in train: max_steps, max_epochs,"),
-        ("+train.no_such_key=1", "error: train.no_such_key: unknown key 'no_such_key'; valid keys in train: max_steps, max_epochs,"),
-        ("nosuch=1", "error: nosuch: unknown key 'nosuch'; valid keys at the top level: data, model, train, decode, run_dir, resume, init_from"),
-        ("model=no_such_model", "error: model=no_such_model: no such recipe in recipes/model/; expected one of bahdanau, hard, luong,"),
+        (
+            "train.no_such_key=1",
+            "error: train.no_such_key: unknown key 'no_such_key'; valid keys in train: max_steps, max_epochs,",
+        ),
+        (
+            "+train.no_such_key=1",
+            "error: train.no_such_key: unknown key 'no_such_key'; valid keys in train: max_steps, max_epochs,",
+        ),
+        (
+            "nosuch=1",
+            "error: nosuch: unknown key 'nosuch'; valid keys at the top level: data, model, train, decode, run_dir, resume, init_from",
+        ),
+        (
+            "model=no_such_model",
+            "error: model=no_such_model: no such recipe in recipes/model/; expected one of bahdanau, hard, luong,",
+        ),
         ("train.max_steps=many", "error: train.max_steps=many: expected a whole number"),
         ("train.lr=fast", "error: train.lr=fast: expected a number"),
         ("train.progress=maybe", "error: train.progress=maybe: expected true or false"),
-        ("train.early_stop_metric=ter", "error: train.early_stop_metric=ter: unknown; expected one of bleu, chrf, loss"),
+        (
+            "train.early_stop_metric=ter",
+            "error: train.early_stop_metric=ter: unknown; expected one of bleu, chrf, loss",
+        ),
         ("train.keep_last=0", "error: train.keep_last=0: expected at least 1"),
     ],
 )
@@ -137,7 +181,10 @@ def checkpoint(tmp_path_factory, corpus) -> Path:
     """An untrained tiny model's checkpoint: enough to translate (badly)."""
     lines = (corpus / "ok.src").read_text().splitlines() + (corpus / "ok.tgt").read_text().splitlines()
     tokenizer = Tokenizer.train(lines, lines, 100, "unigram", joint=True)
-    cfg = Config(data=DataConfig(train=str(corpus / "ok"), vocab_size=100), model=ModelConfig(dim=32, layers=1, heads=2, ffn_dim=64))
+    cfg = Config(
+        data=DataConfig(train=str(corpus / "ok"), vocab_size=100),
+        model=ModelConfig(dim=32, layers=1, heads=2, ffn_dim=64),
+    )
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, True)
     path = tmp_path_factory.mktemp("ckpt") / "model.pt"
     save_checkpoint(path, model, cfg, tokenizer, step=3)
@@ -164,7 +211,10 @@ def bad_checkpoints(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
         "corrupt": (folder / "junk.pt", "not a readable checkpoint"),
         "foreign": (folder / "other.pt", "not an nmt checkpoint"),
         "runs code": (folder / "evil.pt", "refused to load: the file holds more than plain tensors and values"),
-        "weights": (folder / "shapes.pt", "the weights do not match the model config: Error(s) in loading state_dict for Seq2Seq"),
+        "weights": (
+            folder / "shapes.pt",
+            "the weights do not match the model config: Error(s) in loading state_dict for Seq2Seq",
+        ),
         "missing": (folder / "none.pt", "checkpoint not found"),
     }
 
@@ -185,45 +235,74 @@ def test_bad_checkpoint_to_init_from(case, checkpoint, tmp_path, capsys, corpus)
 
 def test_init_from_with_another_model_size_or_vocabulary(checkpoint, tmp_path, capsys, corpus):
     train_fails(
-        tmp_path, capsys, corpus / "ok",
+        tmp_path,
+        capsys,
+        corpus / "ok",
         f"error: init_from={checkpoint}: the checkpoint does not match the model asked for: model.dim is 32 in the checkpoint, 64 asked; "
         "model.ffn_dim is 64 in the checkpoint, 128 asked (fine-tuning keeps the checkpoint's architecture and vocabulary; drop these overrides)",
         extra=[f"init_from={checkpoint}", "model.dim=64", "model.ffn_dim=128"],
     )
     train_fails(
-        tmp_path, capsys, corpus / "ok", "data.vocab_size is 100 in the checkpoint, 500 asked",
+        tmp_path,
+        capsys,
+        corpus / "ok",
+        "data.vocab_size is 100 in the checkpoint, 500 asked",
         extra=[f"init_from={checkpoint}", "data.vocab_size=500"],
     )
 
 
 def test_resume_mistakes(tmp_path, capsys, checkpoint):
     code, _, err = cli(train.main, [f"resume={tmp_path}/nowhere"], capsys)
-    one_error_line(code, err, f"error: resume={tmp_path}/nowhere: no checkpoints/last.pt there; expected a run dir written by nmt-train")
+    one_error_line(
+        code,
+        err,
+        f"error: resume={tmp_path}/nowhere: no checkpoints/last.pt there; expected a run dir written by nmt-train",
+    )
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(checkpoint.read_bytes())  # a checkpoint without training state
+    (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(
+        checkpoint.read_bytes()
+    )  # a checkpoint without training state
     code, _, err = cli(train.main, [f"resume={tmp_path}/run", "model=transformer"], capsys)
-    one_error_line(code, err, "error: resume: cannot change a recipe group on resume (model=transformer); only KEY.SUB=VALUE overrides")
+    one_error_line(
+        code,
+        err,
+        "error: resume: cannot change a recipe group on resume (model=transformer); only KEY.SUB=VALUE overrides",
+    )
     code, _, err = cli(train.main, [f"resume={tmp_path}/run", "train.nokey=1"], capsys)
     one_error_line(code, err, "error: resume: train.nokey: Key 'nokey' not in 'TrainConfig'")
     code, _, err = cli(train.main, [f"resume={tmp_path}/run", f"init_from={checkpoint}"], capsys)
     one_error_line(code, err, "error: resume= and init_from= do not go together")
     code, _, err = cli(train.main, [f"resume={tmp_path}/run", f"data.cache_dir={tmp_path}/cache"], capsys)
-    one_error_line(code, err, f"error: {tmp_path}/run/checkpoints/last.pt: holds no training state (an averaged or exported checkpoint?); start from it with init_from= instead")
+    one_error_line(
+        code,
+        err,
+        f"error: {tmp_path}/run/checkpoints/last.pt: holds no training state (an averaged or exported checkpoint?); start from it with init_from= instead",
+    )
 
 
 def test_a_new_run_does_not_overwrite_a_run_dir_with_checkpoints(tmp_path, capsys, corpus, checkpoint):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(checkpoint.read_bytes())
     code, _, err = cli(train.main, train_args(tmp_path, corpus / "ok"), capsys)
-    one_error_line(code, err, f"error: run_dir={tmp_path}/run: already holds a run's checkpoints; continue it with resume={tmp_path}/run, or choose another run_dir")
+    one_error_line(
+        code,
+        err,
+        f"error: run_dir={tmp_path}/run: already holds a run's checkpoints; continue it with resume={tmp_path}/run, or choose another run_dir",
+    )
     assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == checkpoint.read_bytes()
 
 
 # --- writing ---------------------------------------------------------------------------------------
 def test_output_in_a_missing_directory(checkpoint, source, tmp_path, capsys):
-    code, _, err = cli(translate.main, [f"checkpoint={checkpoint}", f"input={source}", f"output={tmp_path}/missing/out.txt"], capsys)
+    code, _, err = cli(
+        translate.main, [f"checkpoint={checkpoint}", f"input={source}", f"output={tmp_path}/missing/out.txt"], capsys
+    )
     one_error_line(code, err, f"error: output={tmp_path}/missing/out.txt: directory {tmp_path}/missing does not exist")
-    code, _, err = cli(evaluate.main, [f"checkpoint={checkpoint}", f"src={source}", f"ref={source}", f"hyp_out={tmp_path}/missing/h.txt"], capsys)
+    code, _, err = cli(
+        evaluate.main,
+        [f"checkpoint={checkpoint}", f"src={source}", f"ref={source}", f"hyp_out={tmp_path}/missing/h.txt"],
+        capsys,
+    )
     one_error_line(code, err, f"error: hyp_out={tmp_path}/missing/h.txt: directory {tmp_path}/missing does not exist")
 
 
@@ -235,7 +314,9 @@ def test_disk_full_or_permission_denied_leaves_no_output(failure, checkpoint, so
         raise OSError(failure, os.strerror(failure))
 
     monkeypatch.setattr(os, "replace", fail)
-    code, _, err = cli(translate.main, [f"checkpoint={checkpoint}", f"input={source}", f"output={tmp_path}/out.txt"], capsys)
+    code, _, err = cli(
+        translate.main, [f"checkpoint={checkpoint}", f"input={source}", f"output={tmp_path}/out.txt"], capsys
+    )
     one_error_line(code, err, f"error: output={tmp_path}/out.txt: cannot write ({os.strerror(failure)})")
     nothing_left(tmp_path)
 
@@ -252,7 +333,9 @@ def test_disk_full_while_saving_a_checkpoint(tmp_path, capsys, corpus, monkeypat
 
     monkeypatch.setattr(nmt.fileio.os, "fsync", full)
     code, _, err = cli(train.main, train_args(tmp_path, corpus / "ok", "train.valid_every=100"), capsys)
-    one_error_line(code, err, f"error: checkpoint={tmp_path}/run/checkpoints/step_1.pt: cannot write (No space left on device)")
+    one_error_line(
+        code, err, f"error: checkpoint={tmp_path}/run/checkpoints/step_1.pt: cannot write (No space left on device)"
+    )
     assert not list((tmp_path / "run" / "checkpoints").iterdir())
 
 
@@ -265,10 +348,14 @@ def test_average_output_in_a_missing_directory(tmp_path, capsys, checkpoint):
 
 # --- translating -----------------------------------------------------------------------------------
 def test_translate_input_errors(checkpoint, tmp_path, capsys):
-    code, _, err = cli(translate.main, [f"checkpoint={checkpoint}", f"input={tmp_path}/none.txt", f"output={tmp_path}/out.txt"], capsys)
+    code, _, err = cli(
+        translate.main, [f"checkpoint={checkpoint}", f"input={tmp_path}/none.txt", f"output={tmp_path}/out.txt"], capsys
+    )
     one_error_line(code, err, f"error: {tmp_path}/none.txt: file not found")
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xc3\x28\n")
-    code, _, err = cli(translate.main, [f"checkpoint={checkpoint}", f"input={tmp_path}/bad.txt", f"output={tmp_path}/out.txt"], capsys)
+    code, _, err = cli(
+        translate.main, [f"checkpoint={checkpoint}", f"input={tmp_path}/bad.txt", f"output={tmp_path}/out.txt"], capsys
+    )
     one_error_line(code, err, f"error: {tmp_path}/bad.txt:2: invalid UTF-8 (byte 0xc3); expected UTF-8 text")
     nothing_left(tmp_path)
 
@@ -277,7 +364,13 @@ def test_a_very_long_line_still_gets_its_output_line(checkpoint, tmp_path, capsy
     """The Transformer has no length limit (sinusoidal positions): a 3000-token line is translated, not dropped."""
     words = " ".join((corpus / "ok.src").read_text().split())
     source = write(tmp_path / "in.txt", ["ze", " ".join([words] * 3)[: 3000 * 4], "bo"])
-    argv = [f"checkpoint={checkpoint}", f"input={source}", f"output={tmp_path}/out.txt", "decode.max_len_a=0", "decode.max_len_b=3"]
+    argv = [
+        f"checkpoint={checkpoint}",
+        f"input={source}",
+        f"output={tmp_path}/out.txt",
+        "decode.max_len_a=0",
+        "decode.max_len_b=3",
+    ]
     code, _, err = cli(translate.main, argv, capsys)
     assert code == 0, err
     assert len((tmp_path / "out.txt").read_text().split("\n")) == 4
@@ -314,5 +407,7 @@ def test_disk_full_while_writing_the_data_cache(tmp_path, capsys, corpus, monkey
 
     monkeypatch.setattr(pyarrow.ipc, "new_stream", full)  # what writes the cache's Arrow files
     code, _, err = cli(train.main, train_args(tmp_path, corpus / "ok"), capsys)
-    one_error_line(code, err, f"error: data.cache_dir={tmp_path}/cache: cannot write the dataset cache (No space left on device)")
+    one_error_line(
+        code, err, f"error: data.cache_dir={tmp_path}/cache: cannot write the dataset cache (No space left on device)"
+    )
     assert not list((tmp_path / "cache").iterdir()) and not (tmp_path / "run").exists()

@@ -22,7 +22,12 @@ SHAPES = [(True, "pre", True), (False, "post", False)]
 
 @pytest.fixture(scope="module")
 def corpus(toy_dir):
-    return read_lines(toy_dir / "train.src"), read_lines(toy_dir / "train.tgt"), read_lines(toy_dir / "test.src"), read_lines(toy_dir / "test.tgt")
+    return (
+        read_lines(toy_dir / "train.src"),
+        read_lines(toy_dir / "train.tgt"),
+        read_lines(toy_dir / "test.src"),
+        read_lines(toy_dir / "test.tgt"),
+    )
 
 
 def checkpoint(tmp_path, corpus, joint: bool, norm: str, scale: bool, steps: int = 60):
@@ -31,13 +36,20 @@ def checkpoint(tmp_path, corpus, joint: bool, norm: str, scale: bool, steps: int
     tokenizer = Tokenizer.train(src, tgt, 120, "unigram", joint=joint)
     src_ids, tgt_ids = tokenizer.encode_src(src), tokenizer.encode_tgt(tgt)
     torch.manual_seed(0)
-    cfg = Config(data=DataConfig(train="unused"), model=ModelConfig(dim=32, layers=2, heads=4, ffn_dim=64, dropout=0.0, norm=norm, scale=scale, tie_embeddings=joint))
+    cfg = Config(
+        data=DataConfig(train="unused"),
+        model=ModelConfig(
+            dim=32, layers=2, heads=4, ffn_dim=64, dropout=0.0, norm=norm, scale=scale, tie_embeddings=joint
+        ),
+    )
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(steps):
         pick = torch.randint(0, len(src_ids), (32,)).tolist()
         batch = make_batch([src_ids[i] for i in pick], [tgt_ids[i] for i in pick])
-        loss = torch.nn.functional.cross_entropy(model(batch.src, batch.src_mask, batch.tgt_in).flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0)
+        loss = torch.nn.functional.cross_entropy(
+            model(batch.src, batch.src_mask, batch.tgt_in).flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -48,10 +60,16 @@ def checkpoint(tmp_path, corpus, joint: bool, norm: str, scale: bool, steps: int
 @pytest.mark.parametrize("joint, norm, scale", SHAPES)
 def test_exported_model_scores_and_translates_as_ours(joint, norm, scale, corpus, tmp_path, capsys):
     path, model, tokenizer = checkpoint(tmp_path, corpus, joint, norm, scale)
-    code, _, err = cli(export.main, [f"checkpoint={path}", "format=ctranslate2", f"out={tmp_path / 'ct2'}", "max_positions=128"], capsys)
+    code, _, err = cli(
+        export.main,
+        [f"checkpoint={path}", "format=ctranslate2", f"out={tmp_path / 'ct2'}", "max_positions=128"],
+        capsys,
+    )
     assert code == 0, err
     out = tmp_path / "ct2"
-    assert (out / "model.bin").is_file() and ((out / "sentencepiece.model").is_file() if joint else (out / "target.model").is_file())
+    assert (out / "model.bin").is_file() and (
+        (out / "sentencepiece.model").is_file() if joint else (out / "target.model").is_file()
+    )
     engine = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     _, _, test_src, test_ref = corpus
     src_pieces = [tokenizer.src.encode(line, out_type=str) for line in test_src]
@@ -61,14 +79,23 @@ def test_exported_model_scores_and_translates_as_ours(joint, norm, scale, corpus
     scored = engine.score_batch(src_pieces, [tokenizer.tgt.encode(line, out_type=str) for line in test_ref])
     batch = make_batch(tokenizer.encode_src(test_src), ref_ids)
     with torch.no_grad():
-        logp = model(batch.src, batch.src_mask, batch.tgt_in).log_softmax(-1).gather(2, batch.tgt_out[:, :, None])[:, :, 0]
+        logp = (
+            model(batch.src, batch.src_mask, batch.tgt_in).log_softmax(-1).gather(2, batch.tgt_out[:, :, None])[:, :, 0]
+        )
     for row, (result, ids) in enumerate(zip(scored, ref_ids)):
         assert result.tokens[-1] == "</s>" and len(result.log_probs) == len(ids) + 1
         torch.testing.assert_close(torch.tensor(result.log_probs), logp[row, : len(ids) + 1], atol=1e-3, rtol=1e-4)
 
     # greedy translation of the toy test set: the same outputs (PAD and BOS are never emitted by ours)
-    ours = [r.hyps[0].tokens for r in Translator(model, tokenizer, DecodeConfig(max_len_a=0, max_len_b=20), torch.device("cpu")).translate_lines(test_src)]
-    theirs = engine.translate_batch(src_pieces, beam_size=1, max_decoding_length=20, suppress_sequences=[["<pad>"], ["<s>"]])
+    ours = [
+        r.hyps[0].tokens
+        for r in Translator(
+            model, tokenizer, DecodeConfig(max_len_a=0, max_len_b=20), torch.device("cpu")
+        ).translate_lines(test_src)
+    ]
+    theirs = engine.translate_batch(
+        src_pieces, beam_size=1, max_decoding_length=20, suppress_sequences=[["<pad>"], ["<s>"]]
+    )
     assert [[tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in theirs] == ours
     assert len({tuple(h) for h in ours}) > 30  # outputs that depend on the source, not one string repeated
 
@@ -76,9 +103,20 @@ def test_exported_model_scores_and_translates_as_ours(joint, norm, scale, corpus
 def test_rnn_checkpoints_and_used_directories_are_refused(corpus, tmp_path, capsys):
     src, tgt, _, _ = corpus
     tokenizer = Tokenizer.train(src, tgt, 120, "unigram", joint=True)
-    cfg = Config(data=DataConfig(train="unused"), model=ModelConfig(arch="bahdanau", cell="gru", score="additive", dim=16, layers=1))
-    save_checkpoint(tmp_path / "rnn.pt", build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, True), cfg, tokenizer, step=0)
-    code, _, err = cli(export.main, [f"checkpoint={tmp_path / 'rnn.pt'}", "format=ctranslate2", f"out={tmp_path / 'out'}"], capsys)
+    cfg = Config(
+        data=DataConfig(train="unused"),
+        model=ModelConfig(arch="bahdanau", cell="gru", score="additive", dim=16, layers=1),
+    )
+    save_checkpoint(
+        tmp_path / "rnn.pt",
+        build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, True),
+        cfg,
+        tokenizer,
+        step=0,
+    )
+    code, _, err = cli(
+        export.main, [f"checkpoint={tmp_path / 'rnn.pt'}", "format=ctranslate2", f"out={tmp_path / 'out'}"], capsys
+    )
     assert code == 2 and "model.arch=bahdanau" in err and "Transformers only" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
     path, _, _ = checkpoint(tmp_path, corpus, True, "pre", True, steps=0)

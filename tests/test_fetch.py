@@ -38,12 +38,23 @@ def test_prepare_downloads_then_prepares(mirror, tmp_path, capsys):
 def test_offline_says_what_to_download_and_where(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("NMT_MULTI30K_URL", (tmp_path / "nowhere").as_uri())
     code, _, err = cli(prepare.main, ["data=multi30k_en_de", f"data.root={tmp_path}/m30k"], capsys)
-    one_error_line(code, err, "train.en.gz: cannot download", "to use Multi30k offline, download train.en.gz, train.de.gz, val.en.gz",
-                   f"and put them in {tmp_path}/m30k")
+    one_error_line(
+        code,
+        err,
+        "train.en.gz: cannot download",
+        "to use Multi30k offline, download train.en.gz, train.de.gz, val.en.gz",
+        f"and put them in {tmp_path}/m30k",
+    )
     assert not list((tmp_path / "m30k").iterdir())  # no half-written file
 
 
 def test_train_without_the_corpus_points_at_nmt_prepare(tmp_path, capsys):
-    code, _, err = cli(train.main, ["data=multi30k_en_de", f"data.root={tmp_path}/none", f"run_dir={tmp_path}/run"], capsys)
-    one_error_line(code, err, f"data.root={tmp_path}/none: Multi30k is not there; run `nmt-prepare data=multi30k_en_de` once to download it")
+    code, _, err = cli(
+        train.main, ["data=multi30k_en_de", f"data.root={tmp_path}/none", f"run_dir={tmp_path}/run"], capsys
+    )
+    one_error_line(
+        code,
+        err,
+        f"data.root={tmp_path}/none: Multi30k is not there; run `nmt-prepare data=multi30k_en_de` once to download it",
+    )
     assert not (tmp_path / "run").exists()

@@ -68,7 +68,9 @@ def test_label_smoothed_loss_worked_by_hand(trainer, eps, expected):
 def test_padded_positions_change_neither_loss_nor_gradient(trainer, eps):
     """Fails if PAD targets were scored (ignore_index missing) or smoothed."""
     plain = Scripted(logits_of(P_SKEWED, P_UNIFORM))
-    padded = Scripted(torch.cat([logits_of(P_SKEWED, P_UNIFORM), torch.tensor([[[5.0, -3.0, 0.5, 2.0], [0.0, 9.0, -9.0, 1.0]]])], 1))
+    padded = Scripted(
+        torch.cat([logits_of(P_SKEWED, P_UNIFORM), torch.tensor([[[5.0, -3.0, 0.5, 2.0], [0.0, 9.0, -9.0, 1.0]]])], 1)
+    )
     loss_plain = trainer.loss(batch_of([3, 1]), eps, net=plain)
     loss_padded = trainer.loss(batch_of([3, 1, PAD, PAD]), eps, net=padded)
     assert float(loss_padded.detach()) == pytest.approx(float(loss_plain.detach()), abs=1e-6)
@@ -137,7 +139,12 @@ def test_blockwise_loss_and_gradient_equal_torch_cross_entropy(monkeypatch, dtyp
     assert got.dtype == torch.float32
     assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-6)
     assert mine.grad.dtype == dtype
-    torch.testing.assert_close(mine.grad.float(), ref.grad, atol=1e-6 if dtype == torch.float32 else 2e-2, rtol=1e-5 if dtype == torch.float32 else 1e-2)
+    torch.testing.assert_close(
+        mine.grad.float(),
+        ref.grad,
+        atol=1e-6 if dtype == torch.float32 else 2e-2,
+        rtol=1e-5 if dtype == torch.float32 else 1e-2,
+    )
 
 
 def test_blockwise_loss_rejects_misshapen_inputs():
@@ -155,7 +162,9 @@ def test_logits_of_the_live_positions_are_those_of_the_full_forward(arch):
     from tests.conftest import random_batch
 
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, dim=16, layers=2, heads=2, ffn_dim=32, dropout=0.0, cell="lstm" if arch == "luong" else "gru")
+    cfg = ModelConfig(
+        arch=arch, dim=16, layers=2, heads=2, ffn_dim=32, dropout=0.0, cell="lstm" if arch == "luong" else "gru"
+    )
     model = build_model(cfg, 30, 30, joint=True).eval()
     batch = random_batch(30)
     live = batch.tgt_out != PAD

@@ -43,8 +43,18 @@ def run_dir(toy_dir, tmp_path_factory):
     with pytest.raises(SystemExit):
         from nmt.cli.common import run as run_main
 
-        run_main(train.main, [*toy_overrides(toy_dir), *TINY, f"run_dir={run}", "train.max_steps=2", "train.save_every=1",
-                              "train.valid_every=2", f"data.cache_dir={run.parent}/cache"])
+        run_main(
+            train.main,
+            [
+                *toy_overrides(toy_dir),
+                *TINY,
+                f"run_dir={run}",
+                "train.max_steps=2",
+                "train.save_every=1",
+                "train.valid_every=2",
+                f"data.cache_dir={run.parent}/cache",
+            ],
+        )
     return run
 
 
@@ -55,7 +65,11 @@ def test_commands_refuse_to_overwrite_their_inputs(run_dir, toy_dir, tmp_path, c
     code, _, err = cli(translate.main, [f"checkpoint={run_dir}", f"input={source}", f"output={source}"], capsys)
     one_error_line(code, err, f"error: output={source}: is the input input={source}")
     assert source.read_text() == before
-    code, _, err = cli(translate.main, [f"checkpoint={run_dir}", f"input={source}", f"output={tmp_path}/o.txt", f"attention_out={tmp_path}/o.txt"], capsys)
+    code, _, err = cli(
+        translate.main,
+        [f"checkpoint={run_dir}", f"input={source}", f"output={tmp_path}/o.txt", f"attention_out={tmp_path}/o.txt"],
+        capsys,
+    )
     one_error_line(code, err, "are the same path")
     best = run_dir / "checkpoints" / "best.pt"
     code, _, err = cli(translate.main, [f"checkpoint={run_dir}", f"input={source}", f"output={best.resolve()}"], capsys)

@@ -30,14 +30,20 @@ def quotes() -> list[tuple[Path, str, str]]:
 
 
 def table_rows(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if line.strip().startswith("|") and not set(line.strip()) <= set("|-: ")]
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip().startswith("|") and not set(line.strip()) <= set("|-: ")
+    ]
 
 
 def test_some_page_quotes_a_report():
     assert quotes(), "README.md or docs/*.md should quote a committed report (<!-- report: docs/reports/NAME -->)"
 
 
-@pytest.mark.parametrize("page,folder,body", quotes() or [(None, None, None)], ids=lambda v: str(v)[-40:] if v else "none")
+@pytest.mark.parametrize(
+    "page,folder,body", quotes() or [(None, None, None)], ids=lambda v: str(v)[-40:] if v else "none"
+)
 def test_quoted_rows_are_the_reports_rows_and_the_report_is_its_results(page, folder, body):
     if page is None:
         pytest.skip("no quote")

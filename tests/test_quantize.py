@@ -17,7 +17,9 @@ MODELS = {
     "transformer": dict(arch="transformer", heads=4, ffn_dim=64),
     "bahdanau": dict(arch="bahdanau", cell="gru", score="additive"),
     "luong_concat": dict(arch="luong", cell="lstm", score="concat"),  # concat reads W_a's weight directly
-    "luong_local_p": dict(arch="luong", cell="gru", score="general", window="local_p", window_size=2, input_feeding=False),
+    "luong_local_p": dict(
+        arch="luong", cell="gru", score="general", window="local_p", window_size=2, input_feeding=False
+    ),
 }
 
 
@@ -64,7 +66,12 @@ def test_beam_scores_equal_recomputing_each_prefix(name, precision):
         for row, options in enumerate(hyps):
             s = int(batch.src_mask[row].sum())
             enc = model.encode(batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s])
-            assert [h.tokens for h in beam_search(model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limits[:1], k=1)[0]] == [greedy[row].tokens]
+            assert [
+                h.tokens
+                for h in beam_search(
+                    model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limits[:1], k=1
+                )[0]
+            ] == [greedy[row].tokens]
             for h in options:
                 steps = h.attention.size(0)
                 out = (h.tokens + [EOS])[:steps]
@@ -93,6 +100,8 @@ def test_bf16_rows_are_padded_to_few_shapes():
     from nmt.models.quantize import bucket
 
     sizes = [bucket(rows) for rows in range(1, 5000)]
-    assert all(0 <= size - rows < max(8, rows / 4) for rows, size in zip(range(1, 5000), sizes))  # at most 7 rows or 25% more
+    assert all(
+        0 <= size - rows < max(8, rows / 4) for rows, size in zip(range(1, 5000), sizes)
+    )  # at most 7 rows or 25% more
     assert len(set(sizes)) < 50  # oneDNN keeps memory per shape: thousands of row counts meet a few dozen shapes
     assert bucket(64) == 64 and bucket(320) == 320 and bucket(65) == 80

@@ -45,7 +45,11 @@ def test_every_other_recipe_composes(group):
 
 def test_multi30k_recipe_resolves_paths_against_root():
     cfg = compose("config", ["data=multi30k_en_de", "data.root=/corpora/m30k"])
-    assert (cfg.data.train, cfg.data.valid, cfg.data.test) == ("/corpora/m30k/train", "/corpora/m30k/val", "/corpora/m30k/test_2016_flickr")
+    assert (cfg.data.train, cfg.data.valid, cfg.data.test) == (
+        "/corpora/m30k/train",
+        "/corpora/m30k/val",
+        "/corpora/m30k/test_2016_flickr",
+    )
     assert (cfg.data.src, cfg.data.tgt) == ("en", "de")
 
 
@@ -54,7 +58,9 @@ def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
     from nmt.cli.compare import plan_runs
 
     cfg = compose("compare", [f"experiment={name}"])
-    plans = plan_runs(cfg, tmp_path)  # every variant's nmt-train config; they share the data, budget and decoding (or this raises)
+    plans = plan_runs(
+        cfg, tmp_path
+    )  # every variant's nmt-train config; they share the data, budget and decoding (or this raises)
     assert len(cfg.selected()) >= 12 and len(plans) == len(cfg.selected()) * len(cfg.seeds)
     assert cfg.baseline_name() in cfg.selected()
     built = {}
@@ -63,19 +69,25 @@ def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
             model = build_model(plan.config.model, 50, 50, joint=True)
             built[plan.variant] = (plan.config.model, sum(p.numel() for p in model.parameters()))
     assert list(built) == cfg.selected()  # every variant, in the experiment's order
-    assert [p.variant for p in plans[: len(built)]] == cfg.selected() and {p.seed for p in plans[: len(built)]} == {cfg.seeds[0]}  # seed by seed
+    assert [p.variant for p in plans[: len(built)]] == cfg.selected() and {p.seed for p in plans[: len(built)]} == {
+        cfg.seeds[0]
+    }  # seed by seed
     assert len({m.dim for m, _ in built.values()}) == 1  # one model width for every variant
     for name, (model, parameters) in built.items():
         assert parameters > 1000, name
         overrides = " ".join(cfg.overrides[name])
-        expected_arch = "transformer" if "transformer" in overrides else "bahdanau" if "bahdanau" in overrides else "luong"
+        expected_arch = (
+            "transformer" if "transformer" in overrides else "bahdanau" if "bahdanau" in overrides else "luong"
+        )
         assert model.arch == expected_arch, name
         if "model.score=" in overrides:
             assert f"model.score={model.score}" in overrides, name
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")
-@pytest.mark.parametrize("name", [n for n in GROUPS["experiment"] if n.startswith("multi30k_") and n.endswith("_10min")])
+@pytest.mark.parametrize(
+    "name", [n for n in GROUPS["experiment"] if n.startswith("multi30k_") and n.endswith("_10min")]
+)
 def test_ten_minute_multi30k_recipes_train_on_the_corpus_to_their_time_budget(name, tmp_path, tmp_path_factory, capsys):
     """Each 10-minute recipe, with its budget cut to 3 seconds: it trains on the real corpus, stops on time, validates and
     saves; the README's next step (nmt-average of the last checkpoints, then nmt-evaluate) takes what it wrote."""
@@ -85,8 +97,19 @@ def test_ten_minute_multi30k_recipes_train_on_the_corpus_to_their_time_budget(na
     assert cfg.train.max_time == 10 and cfg.data.name == "multi30k_en_de" and cfg.train.precision == "auto"
     cache = tmp_path_factory.getbasetemp() / "multi30k_cache"  # one tokenizer and encoding for the three recipes
     run = tmp_path / "run"
-    argv = [f"experiment={name}", f"data.root={MULTI30K}", "data.vocab_size=2000", f"data.cache_dir={cache}", "train.max_time=0.05",
-            "train.save_every=2", "train.valid_bleu_sentences=4", "decode.max_len_a=0", "decode.max_len_b=3", "train.progress=false", f"run_dir={run}"]
+    argv = [
+        f"experiment={name}",
+        f"data.root={MULTI30K}",
+        "data.vocab_size=2000",
+        f"data.cache_dir={cache}",
+        "train.max_time=0.05",
+        "train.save_every=2",
+        "train.valid_bleu_sentences=4",
+        "decode.max_len_a=0",
+        "decode.max_len_b=3",
+        "train.progress=false",
+        f"run_dir={run}",
+    ]
     assert train.main(argv) is None, capsys.readouterr().err
     results = json.loads((run / "results.json").read_text())
     assert results["timed_out"] and results["steps"] >= 1 and results["precision"] in ("bf16", "fp32")

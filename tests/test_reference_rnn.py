@@ -104,7 +104,9 @@ def cell_params(cell: str, prefix: str, P: dict, suffix: str = "_l0") -> dict[st
     return (gru_params if cell == "gru" else lstm_params)(prefix, P, suffix)
 
 
-def cell_step(cell: str, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, P: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+def cell_step(
+    cell: str, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, P: dict
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     return (gru(x, h, P), None) if cell == "gru" else lstm(x, h, c, P)
 
 
@@ -112,7 +114,19 @@ def cell_step(cell: str, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor | Non
 def decoder(**overrides) -> torch.nn.Module:
     """A 1-layer decoder without dropout and with its own output matrix (the encoder is not used)."""
     # the papers' equations read E y as stored: the readout scale (model.embed_scale) is checked on its own below
-    cfg = ModelConfig(**({"dim": H, "layers": 1, "dropout": 0.0, "bidirectional": False, "tie_embeddings": False, "embed_scale": False} | overrides))
+    cfg = ModelConfig(
+        **(
+            {
+                "dim": H,
+                "layers": 1,
+                "dropout": 0.0,
+                "bidirectional": False,
+                "tie_embeddings": False,
+                "embed_scale": False,
+            }
+            | overrides
+        )
+    )
     return build_model(cfg, V, V, joint=False).decoder.eval()
 
 
@@ -139,14 +153,22 @@ def assert_matches(dec, enc: dict, tokens: torch.Tensor, ref: dict[str, torch.Te
             for key in ("h", "c", "feed"):
                 if key in ref:
                     value = state[key][:, -1] if key != "feed" else state[key]  # "h", "c": top layer of (B, L, H)
-                    torch.testing.assert_close(value, ref[key][:, t], atol=1e-5, rtol=1e-5, msg=f"state {key!r} after step {t}")
+                    torch.testing.assert_close(
+                        value, ref[key][:, t], atol=1e-5, rtol=1e-5, msg=f"state {key!r} after step {t}"
+                    )
 
 
 # --- Bahdanau et al. 2014 -------------------------------------------------------------------------
 def bahdanau_weights(cell: str, E: int) -> dict:
     P = {
-        "E": fixed(V, E, seed=10), "W_a": fixed(H, H, seed=11), "U_a": fixed(H, H, seed=12), "v_a": fixed(H, seed=13),
-        "U_o": fixed(2 * E, H, seed=14), "V_o": fixed(2 * E, E, seed=15), "C_o": fixed(2 * E, H, seed=16), "W_o": fixed(V, E, seed=17),
+        "E": fixed(V, E, seed=10),
+        "W_a": fixed(H, H, seed=11),
+        "U_a": fixed(H, H, seed=12),
+        "v_a": fixed(H, seed=13),
+        "U_o": fixed(2 * E, H, seed=14),
+        "V_o": fixed(2 * E, E, seed=15),
+        "C_o": fixed(2 * E, H, seed=16),
+        "W_o": fixed(V, E, seed=17),
         "rnn": cell_weights(cell, E + H, H, seed=20),  # input [E y_{i-1}; c_i]: the paper's W and C side by side
     }
     P["E"][PAD] = 0.0
@@ -156,9 +178,13 @@ def bahdanau_weights(cell: str, E: int) -> dict:
 def bahdanau_params(cell: str, P: dict) -> dict[str, torch.Tensor]:
     """The decoder's parameters; the readout is one matrix over [s_{i-1}; E y_{i-1}; c_i], i.e. [U_o V_o C_o]."""
     return {
-        "embed.weight": P["E"], "attention.W_a.weight": P["W_a"], "attention.U_a.weight": P["U_a"],
-        "attention.U_a.bias": torch.zeros(H), "attention.v_a.weight": P["v_a"][None],
-        "readout.weight": torch.cat([P["U_o"], P["V_o"], P["C_o"]], 1), "readout.bias": torch.zeros(P["U_o"].size(0)),
+        "embed.weight": P["E"],
+        "attention.W_a.weight": P["W_a"],
+        "attention.U_a.weight": P["U_a"],
+        "attention.U_a.bias": torch.zeros(H),
+        "attention.v_a.weight": P["v_a"][None],
+        "readout.weight": torch.cat([P["U_o"], P["V_o"], P["C_o"]], 1),
+        "readout.bias": torch.zeros(P["U_o"].size(0)),
         "output.weight": P["W_o"],
     } | cell_params(cell, "rnn.rnn", P["rnn"])
 
@@ -169,10 +195,14 @@ def bahdanau_reference(P: dict, cell: str, memory, mask, s0, c0, tokens) -> dict
     out: dict[str, list] = {"logits": [], "attn": [], "h": [], "c": []}
     for i in range(tokens.size(1)):
         y = P["E"][tokens[:, i]]  # E y_{i-1} (B, E)
-        e = torch.tanh((s @ P["W_a"].T)[:, None, :] + memory @ P["U_a"].T) @ P["v_a"]  # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j) (B, S)
+        e = (
+            torch.tanh((s @ P["W_a"].T)[:, None, :] + memory @ P["U_a"].T) @ P["v_a"]
+        )  # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j) (B, S)
         a = softmax_over(e, mask)  # a_ij over the real positions j
         context = (a[:, :, None] * memory).sum(1)  # c_i = sum_j a_ij h_j (B, H)
-        t_tilde = s @ P["U_o"].T + y @ P["V_o"].T + context @ P["C_o"].T  # t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i (B, 2E)
+        t_tilde = (
+            s @ P["U_o"].T + y @ P["V_o"].T + context @ P["C_o"].T
+        )  # t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i (B, 2E)
         t = torch.maximum(t_tilde[:, 0::2], t_tilde[:, 1::2])  # t_i,k = max(t~_i,2k-1, t~_i,2k) (B, E)
         out["logits"].append(t @ P["W_o"].T)  # p(y_i | ...) = softmax(W_o t_i)
         out["attn"].append(a)
@@ -202,16 +232,31 @@ def test_bahdanau_first_step_worked_by_hand():
     """
     dec = decoder(arch="bahdanau", cell="gru", score="additive", dim=1, embed_dim=1)
     half_ln3 = 0.5 * math.log(3)  # tanh(ln(3) / 2) = (3 - 1) / (3 + 1) = 0.5
-    set_params(dec, {
-        "embed.weight": torch.tensor([[0.0], [0.0], [0.5], [0.0], [0.0], [0.0]]),  # E y_0 = E[BOS] = 0.5
-        "attention.W_a.weight": torch.tensor([[1.0]]), "attention.U_a.weight": torch.tensor([[1.0]]),
-        "attention.U_a.bias": torch.tensor([0.0]), "attention.v_a.weight": torch.tensor([[4 * half_ln3]]),
-        "readout.weight": torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, -1.0]]), "readout.bias": torch.zeros(2),  # rows of [U_o V_o C_o]
-        "output.weight": torch.tensor([[0.0], [1.0], [-1.0], [2.0], [0.0], [0.0]]),
-        "rnn.rnn.weight_ih_l0": torch.full((3, 2), 0.5), "rnn.rnn.weight_hh_l0": torch.full((3, 1), 0.5),
-        "rnn.rnn.bias_ih_l0": torch.zeros(3), "rnn.rnn.bias_hh_l0": torch.zeros(3),
-    })
-    enc = dec.prepare(encoder_output("gru", memory=torch.tensor([[[-1.0], [-1.0 + half_ln3]]]), mask=torch.tensor([[True, True]]), s0=torch.tensor([[1.0]])))
+    set_params(
+        dec,
+        {
+            "embed.weight": torch.tensor([[0.0], [0.0], [0.5], [0.0], [0.0], [0.0]]),  # E y_0 = E[BOS] = 0.5
+            "attention.W_a.weight": torch.tensor([[1.0]]),
+            "attention.U_a.weight": torch.tensor([[1.0]]),
+            "attention.U_a.bias": torch.tensor([0.0]),
+            "attention.v_a.weight": torch.tensor([[4 * half_ln3]]),
+            "readout.weight": torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, -1.0]]),
+            "readout.bias": torch.zeros(2),  # rows of [U_o V_o C_o]
+            "output.weight": torch.tensor([[0.0], [1.0], [-1.0], [2.0], [0.0], [0.0]]),
+            "rnn.rnn.weight_ih_l0": torch.full((3, 2), 0.5),
+            "rnn.rnn.weight_hh_l0": torch.full((3, 1), 0.5),
+            "rnn.rnn.bias_ih_l0": torch.zeros(3),
+            "rnn.rnn.bias_hh_l0": torch.zeros(3),
+        },
+    )
+    enc = dec.prepare(
+        encoder_output(
+            "gru",
+            memory=torch.tensor([[[-1.0], [-1.0 + half_ln3]]]),
+            mask=torch.tensor([[True, True]]),
+            s0=torch.tensor([[1.0]]),
+        )
+    )
     with torch.no_grad():
         logits, state, attn = dec.step(torch.tensor([BOS]), enc, dec.init_state(enc))
     # e_0 = v_a tanh(W_a s_0 + U_a h_0) = 2 ln 3 * tanh(1 - 1) = 0
@@ -221,7 +266,9 @@ def test_bahdanau_first_step_worked_by_hand():
     # c_1 = 0.25 * (-1) + 0.75 * (-1 + 0.549306) = -0.25 - 0.338021 = -0.588021
     # t~_1 = (U_o s_0, V_o E y_0 + C_o c_1) = (1 * 1, 2 * 0.5 - 1 * (-0.588021)) = (1, 1.588021); t_1 = max = 1.588021
     # logits = W_o t_1 = (0, 1.588021, -1.588021, 3.176042, 0, 0)
-    torch.testing.assert_close(logits, torch.tensor([[0.0, 1.588021, -1.588021, 3.176042, 0.0, 0.0]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        logits, torch.tensor([[0.0, 1.588021, -1.588021, 3.176042, 0.0, 0.0]]), atol=1e-5, rtol=0
+    )
     # s_1 from nn.GRU's own equations with every weight 0.5, x = [E y_0; c_1] = (0.5, -0.588021), h = s_0 = 1:
     # r = z = sigma(0.5 * 0.5 + 0.5 * (-0.588021) + 0.5 * 1) = sigma(0.455990) = 0.612062
     # n = tanh(0.5 * 0.5 + 0.5 * (-0.588021) + r * 0.5 * 1) = tanh(-0.044010 + 0.306031) = tanh(0.262021) = 0.256184
@@ -246,10 +293,18 @@ D = 1
 
 def luong_weights(cell: str, feeding: bool) -> dict:
     P = {
-        "E": fixed(V, H, seed=30), "W_c": fixed(H, 2 * H, seed=31), "W_s": fixed(V, H, seed=32),
-        "W_a_general": fixed(H, H, seed=33), "W_a_concat": fixed(H, 2 * H, seed=34), "v_a": fixed(H, seed=35),
-        "W_a_location": fixed(4, H, seed=36, scale=2.0), "W_p": fixed(H, H, seed=37, scale=2.0), "v_p": fixed(H, seed=38, scale=2.0),
-        "rnn": cell_weights(cell, 2 * H if feeding else H, H, seed=40),  # input [E y_{t-1}; h~_{t-1}] with input feeding
+        "E": fixed(V, H, seed=30),
+        "W_c": fixed(H, 2 * H, seed=31),
+        "W_s": fixed(V, H, seed=32),
+        "W_a_general": fixed(H, H, seed=33),
+        "W_a_concat": fixed(H, 2 * H, seed=34),
+        "v_a": fixed(H, seed=35),
+        "W_a_location": fixed(4, H, seed=36, scale=2.0),
+        "W_p": fixed(H, H, seed=37, scale=2.0),
+        "v_p": fixed(H, seed=38, scale=2.0),
+        "rnn": cell_weights(
+            cell, 2 * H if feeding else H, H, seed=40
+        ),  # input [E y_{t-1}; h~_{t-1}] with input feeding
     }
     P["E"][PAD] = 0.0
     return P
@@ -259,7 +314,9 @@ def luong_params(cell: str, score: str, window: str, kind: str, P: dict) -> dict
     """The decoder's parameters; the scorer sits inside a LocalWindow (.scorer) and/or a HardAttention (.inner)."""
     at = "attention.inner" if kind == "hard" else "attention"
     scorer = f"{at}.scorer" if window != "global" else at
-    params = {"embed.weight": P["E"], "W_c.weight": P["W_c"], "output.weight": P["W_s"]} | cell_params(cell, "rnn.rnn", P["rnn"])
+    params = {"embed.weight": P["E"], "W_c.weight": P["W_c"], "output.weight": P["W_s"]} | cell_params(
+        cell, "rnn.rnn", P["rnn"]
+    )
     params |= {
         "dot": {},
         "general": {f"{scorer}.W_a.weight": P["W_a_general"]},
@@ -283,7 +340,9 @@ def luong_score(P: dict, score: str, h: torch.Tensor, memory: torch.Tensor) -> t
     return (h @ P["W_a_location"].T)[:, : memory.size(1)]  # location: a_t = softmax(W_a h_t)
 
 
-def luong_reference(P: dict, cell: str, score: str, window: str, feeding: bool, kind: str, memory, mask, s0, c0, tokens) -> dict[str, torch.Tensor]:
+def luong_reference(
+    P: dict, cell: str, score: str, window: str, feeding: bool, kind: str, memory, mask, s0, c0, tokens
+) -> dict[str, torch.Tensor]:
     """Luong et al. 2015, sec. 3: h_t = RNN(h_{t-1}, [E y_{t-1}; h~_{t-1}]), a_t = align(h_t, h_s) in a window,
     c_t = sum_s a_t(s) h_s, h~_t = tanh(W_c [c_t; h_t]) (eq. 5), logits W_s h~_t (eq. 6)."""
     B, S = mask.shape
@@ -298,7 +357,9 @@ def luong_reference(P: dict, cell: str, score: str, window: str, feeding: bool, 
         if window == "local_m":
             p = torch.minimum(torch.full((B, 1), float(t)), length - 1)  # p_t = t (at most the last real position)
         elif window == "local_p":
-            p = length * sigmoid(torch.tanh(h @ P["W_p"].T) @ P["v_p"])[:, None]  # eq. 9: p_t = S_b sigmoid(v_p^T tanh(W_p h_t))
+            p = (
+                length * sigmoid(torch.tanh(h @ P["W_p"].T) @ P["v_p"])[:, None]
+            )  # eq. 9: p_t = S_b sigmoid(v_p^T tanh(W_p h_t))
         if window != "global":
             allowed = mask & ((source - p).abs() <= D)  # the window [p_t - D, p_t + D]
         a = softmax_over(luong_score(P, score, h, memory), allowed)  # eq. 7
@@ -323,10 +384,21 @@ def test_luong_decoder_follows_the_paper(name):
     the query were h_{t-1} instead of h_t, a score differed from eq. 8, local-m/-p windows or p_t (eq. 9),
     the Gaussian (eq. 10) or hard attention's argmax were wrong, or padding got weight."""
     cell, score, window, feeding, kind = LUONG[name]
-    dec = decoder(arch="luong", cell=cell, score=score, window=window, window_size=D, input_feeding=feeding, attention=kind, max_src_len=4)
+    dec = decoder(
+        arch="luong",
+        cell=cell,
+        score=score,
+        window=window,
+        window_size=D,
+        input_feeding=feeding,
+        attention=kind,
+        max_src_len=4,
+    )
     P = luong_weights(cell, feeding)
     set_params(dec, luong_params(cell, score, window, kind, P))
-    ref = luong_reference(P, cell, score, window, feeding, kind, MEMORY, MASK, S0, C0 if cell == "lstm" else None, TOKENS)
+    ref = luong_reference(
+        P, cell, score, window, feeding, kind, MEMORY, MASK, S0, C0 if cell == "lstm" else None, TOKENS
+    )
     if window == "local_p":
         assert not torch.allclose(ref["attn"].sum(-1), torch.ones(2, 4))  # the Gaussian is really at work
     assert_matches(dec, encoder_output(cell), TOKENS, ref)
@@ -338,15 +410,28 @@ def test_luong_first_step_worked_by_hand():
     Fails if the query were h_0 instead of h_1, W_c read [h_1; c_1], the tanh were left out, or h~_1 were not kept to feed.
     """
     dec = decoder(arch="luong", cell="lstm", score="dot", dim=1, embed_dim=1)
-    set_params(dec, {
-        "embed.weight": torch.ones(V, 1), "W_c.weight": torch.tensor([[0.5, -1.0]]), "output.weight": torch.tensor([[0.0], [1.0], [2.0], [-1.0], [0.0], [0.0]]),
-        "rnn.rnn.weight_ih_l0": torch.zeros(4, 2), "rnn.rnn.weight_hh_l0": torch.zeros(4, 1),
-        "rnn.rnn.bias_ih_l0": torch.zeros(4), "rnn.rnn.bias_hh_l0": torch.zeros(4),
-    })
+    set_params(
+        dec,
+        {
+            "embed.weight": torch.ones(V, 1),
+            "W_c.weight": torch.tensor([[0.5, -1.0]]),
+            "output.weight": torch.tensor([[0.0], [1.0], [2.0], [-1.0], [0.0], [0.0]]),
+            "rnn.rnn.weight_ih_l0": torch.zeros(4, 2),
+            "rnn.rnn.weight_hh_l0": torch.zeros(4, 1),
+            "rnn.rnn.bias_ih_l0": torch.zeros(4),
+            "rnn.rnn.bias_hh_l0": torch.zeros(4),
+        },
+    )
     ln3 = math.log(3)
-    enc = dec.prepare(encoder_output(
-        "lstm", memory=torch.tensor([[[0.0], [2.5 * ln3]]]), mask=torch.tensor([[True, True]]), s0=torch.tensor([[3.0]]), c0=torch.tensor([[2 * ln3]])
-    ))
+    enc = dec.prepare(
+        encoder_output(
+            "lstm",
+            memory=torch.tensor([[[0.0], [2.5 * ln3]]]),
+            mask=torch.tensor([[True, True]]),
+            s0=torch.tensor([[3.0]]),
+            c0=torch.tensor([[2 * ln3]]),
+        )
+    )
     with torch.no_grad():
         logits, state, attn = dec.step(torch.tensor([BOS]), enc, dec.init_state(enc))
     # all LSTM weights 0: i = f = o = sigma(0) = 0.5, g = tanh(0) = 0
@@ -358,11 +443,15 @@ def test_luong_first_step_worked_by_hand():
     # c = 0.75 * 2.5 ln 3 = 2.059898;  h~_1 = tanh(0.5 * 2.059898 - 1 * 0.4) = tanh(0.629949) = 0.558017
     torch.testing.assert_close(state["feed"], torch.tensor([[0.558017]]), atol=1e-5, rtol=0)
     # logits = W_s h~_1 = (0, 0.558017, 1.116034, -0.558017, 0, 0)
-    torch.testing.assert_close(logits, torch.tensor([[0.0, 0.558017, 1.116034, -0.558017, 0.0, 0.0]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        logits, torch.tensor([[0.0, 0.558017, 1.116034, -0.558017, 0.0, 0.0]]), atol=1e-5, rtol=0
+    )
 
 
 # --- the encoder ----------------------------------------------------------------------------------
-def encoder_reference(P: dict, cell: str, bidirectional: bool, bridge: bool, src: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def encoder_reference(
+    P: dict, cell: str, bidirectional: bool, bridge: bool, src: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Bahdanau et al. 2014, sec. 3.2: h_j = [h->_j; h<-_j], each direction read over the true length only;
     the initial decoder state tanh(W_b [h->_last; h<-_first] + b_b) (and the same for an LSTM's cell), or zeros."""
     x = P["E"][src]  # (B, S, E)
@@ -386,20 +475,41 @@ def encoder_reference(P: dict, cell: str, bidirectional: bool, bridge: bool, src
         if key == "init_c" and cell == "gru":
             continue
         final = torch.stack(finals)  # (B, H)
-        enc[key] = (torch.tanh(final @ P[W].T + P["b_" + W]) if bridge else torch.zeros_like(final))[:, None]  # (B, L=1, H)
+        enc[key] = (torch.tanh(final @ P[W].T + P["b_" + W]) if bridge else torch.zeros_like(final))[
+            :, None
+        ]  # (B, L=1, H)
     return enc
 
 
-@pytest.mark.parametrize("cell, bidirectional, bridge", [("gru", True, True), ("lstm", True, True), ("lstm", False, True), ("gru", True, False)])
+@pytest.mark.parametrize(
+    "cell, bidirectional, bridge",
+    [("gru", True, True), ("lstm", True, True), ("lstm", False, True), ("gru", True, False)],
+)
 def test_encoder_reads_each_sentence_both_ways_and_bridges_its_final_states(cell, bidirectional, bridge):
     """Fails if the backward direction started on padding (no packing), the directions' halves were swapped,
     the bridge read the wrong final states (e.g. the forward state at a padded position), or lacked its tanh."""
     dim, E = 4, 3
     per = dim // (2 if bidirectional else 1)
-    P = {"E": fixed(V, E, seed=50), "W_b": fixed(dim, dim, seed=51), "b_W_b": fixed(dim, seed=52), "W_bc": fixed(dim, dim, seed=53), "b_W_bc": fixed(dim, seed=54)}
+    P = {
+        "E": fixed(V, E, seed=50),
+        "W_b": fixed(dim, dim, seed=51),
+        "b_W_b": fixed(dim, seed=52),
+        "W_bc": fixed(dim, dim, seed=53),
+        "b_W_bc": fixed(dim, seed=54),
+    }
     P["fwd"], P["bwd"] = cell_weights(cell, E, per, seed=60), cell_weights(cell, E, per, seed=70)
-    cfg = ModelConfig(arch="luong", cell=cell, dim=dim, embed_dim=E, layers=1, dropout=0.0, bidirectional=bidirectional, bridge="bridge" if bridge else "zero", embed_scale=False,
-        tie_embeddings=False)
+    cfg = ModelConfig(
+        arch="luong",
+        cell=cell,
+        dim=dim,
+        embed_dim=E,
+        layers=1,
+        dropout=0.0,
+        bidirectional=bidirectional,
+        bridge="bridge" if bridge else "zero",
+        embed_scale=False,
+        tie_embeddings=False,
+    )
     encoder = build_model(cfg, V, V, joint=False).encoder.eval()
     params = {"embed.weight": P["E"]} | cell_params(cell, "rnn", P["fwd"])
     if bidirectional:
@@ -428,5 +538,7 @@ def test_embeddings_read_out_times_sqrt_e_and_the_tied_output_uses_them_as_store
     torch.testing.assert_close(emb(tokens), 4.0 * emb.weight[tokens])  # sqrt(16) = 4
     assert model.decoder.output.weight is emb.weight and float(emb.weight[PAD].detach().abs().sum()) == 0.0
     assert abs(float(emb.weight[4:].detach().std()) - 16**-0.5) < 0.05  # stored N(0, 1/E)
-    plain = build_model(ModelConfig(arch="luong", dim=16, embed_dim=16, layers=1, dropout=0.0, embed_scale=False), 20, 20, joint=True)
+    plain = build_model(
+        ModelConfig(arch="luong", dim=16, embed_dim=16, layers=1, dropout=0.0, embed_scale=False), 20, 20, joint=True
+    )
     torch.testing.assert_close(plain.decoder.embed(tokens), plain.decoder.embed.weight[tokens])

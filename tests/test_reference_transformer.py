@@ -53,7 +53,9 @@ def positions_by_formula(length: int, dim: int, offset: int = 0) -> torch.Tensor
 @pytest.mark.parametrize("offset", [0, 5])
 def test_sinusoidal_table_follows_the_formula(offset):
     """Every entry of a d = 8 table, from `offset` on as `step` asks for it. Fails if the offset were ignored."""
-    torch.testing.assert_close(sinusoidal_positions(6, 8, offset), positions_by_formula(6, 8, offset), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        sinusoidal_positions(6, 8, offset), positions_by_formula(6, 8, offset), atol=1e-5, rtol=0
+    )
 
 
 # --- multi-head attention -------------------------------------------------------------------------
@@ -74,11 +76,16 @@ def multi_head(P: dict, prefix: str, queries, keys, heads: int, allowed, scale: 
     for i in range(heads):
         rows = slice(i * D, (i + 1) * D)
         q, k, v = (linear(P, f"{at}{n}_proj", x, rows) for n, x in (("q", queries), ("k", keys), ("v", keys)))
-        a = softmax_over(q @ k.transpose(1, 2) / (math.sqrt(D) if scale else 1.0), allowed)  # softmax(Q K^T / sqrt(d_k)) (B, T, L)
+        a = softmax_over(
+            q @ k.transpose(1, 2) / (math.sqrt(D) if scale else 1.0), allowed
+        )  # softmax(Q K^T / sqrt(d_k)) (B, T, L)
         for key, value in (("heads", a @ v), ("weights", a), ("k", k), ("v", v)):
             out[key].append(value)
     concat = torch.cat(out["heads"], -1)  # Concat(head_1..head_N) (B, T, H)
-    return {"out": linear(P, f"{at}out_proj", concat), **{key: torch.stack(out[key], 1) for key in ("weights", "k", "v")}}
+    return {
+        "out": linear(P, f"{at}out_proj", concat),
+        **{key: torch.stack(out[key], 1) for key in ("weights", "k", "v")},
+    }
 
 
 def attention_weights(dim: int, heads: int, scale: bool, seed: int = 0) -> tuple[MultiHeadAttention, dict]:
@@ -105,12 +112,23 @@ def test_attention_step_worked_by_hand(need_weights):
     ):
         attention = MultiHeadAttention(2, 1, dropout=0.0, scale=scale).eval()
         eye, zero = torch.eye(2), torch.zeros(2)
-        set_params(attention, {
-            "q_proj.weight": eye, "k_proj.weight": eye, "v_proj.weight": torch.diag(torch.tensor([2.0, 4.0])), "out_proj.weight": eye,
-            "q_proj.bias": zero, "k_proj.bias": zero, "v_proj.bias": zero, "out_proj.bias": zero,
-        })
+        set_params(
+            attention,
+            {
+                "q_proj.weight": eye,
+                "k_proj.weight": eye,
+                "v_proj.weight": torch.diag(torch.tensor([2.0, 4.0])),
+                "out_proj.weight": eye,
+                "q_proj.bias": zero,
+                "k_proj.bias": zero,
+                "v_proj.bias": zero,
+                "out_proj.bias": zero,
+            },
+        )
         with torch.no_grad():
-            out, weights = attention.attend(torch.tensor([[[1.0, 0.0]]]), *attention.keys_values(torch.eye(2)[None]), need_weights=need_weights)
+            out, weights = attention.attend(
+                torch.tensor([[[1.0, 0.0]]]), *attention.keys_values(torch.eye(2)[None]), need_weights=need_weights
+            )
         torch.testing.assert_close(out, torch.tensor([[expected_out]]), atol=1e-5, rtol=0)
         if need_weights:
             torch.testing.assert_close(weights, torch.tensor([[[expected_weights]]]), atol=1e-6, rtol=0)
@@ -162,7 +180,11 @@ def transformer_reference(P: dict, norm: str, scale: bool, src, src_mask, tgt_in
     x = embed("encoder", src)
     for l in range(LAYERS):
         at = f"encoder.layers.{l}"
-        x = sublayer(x, lambda h: multi_head(P, f"{at}.attn", h, h, HEADS, src_mask[:, None, :], scale)["out"], f"{at}.res_attn.norm")
+        x = sublayer(
+            x,
+            lambda h: multi_head(P, f"{at}.attn", h, h, HEADS, src_mask[:, None, :], scale)["out"],
+            f"{at}.res_attn.norm",
+        )
         x = sublayer(x, lambda h: ffn(f"{at}.ffn", h), f"{at}.res_ffn.norm")
     memory = layer_norm(P, "encoder.final_norm", x) if norm == "pre" else x
     y, T = embed("decoder", tgt_in), tgt_in.size(1)
@@ -183,7 +205,13 @@ def transformer_reference(P: dict, norm: str, scale: bool, src, src_mask, tgt_in
         out["self_k"].append(seen["self_attn"]["k"])
         out["self_v"].append(seen["self_attn"]["v"])
     y = layer_norm(P, "decoder.final_norm", y) if norm == "pre" else y
-    return {"memory": memory, "logits": y @ P["decoder.output.weight"].T, "maps": torch.stack(out["maps"], 1), "self_k": out["self_k"], "self_v": out["self_v"]}
+    return {
+        "memory": memory,
+        "logits": y @ P["decoder.output.weight"].T,
+        "maps": torch.stack(out["maps"], 1),
+        "self_k": out["self_k"],
+        "self_v": out["self_v"],
+    }
 
 
 @pytest.mark.parametrize("scale", [True, False])
@@ -195,11 +223,15 @@ def test_transformer_follows_the_paper(norm, scale):
     norm or residual were misplaced, the decoder saw a later position, cross-attention read the queries'
     own layer instead of the encoder's output or attended to padding, or a cache held the wrong keys.
     """
-    cfg = ModelConfig(dim=DIM, layers=LAYERS, heads=HEADS, ffn_dim=6, dropout=0.0, norm=norm, scale=scale, tie_embeddings=False)
+    cfg = ModelConfig(
+        dim=DIM, layers=LAYERS, heads=HEADS, ffn_dim=6, dropout=0.0, norm=norm, scale=scale, tie_embeddings=False
+    )
     model = build_model(cfg, V, V, joint=False).eval()
     P = {}
     for k, (name, p) in enumerate(model.named_parameters()):
-        P[name] = fixed(*p.shape, seed=k) * (0.3 if "norm" in name else 1.0) + (1.0 if name.endswith("norm.weight") else 0.0)
+        P[name] = fixed(*p.shape, seed=k) * (0.3 if "norm" in name else 1.0) + (
+            1.0 if name.endswith("norm.weight") else 0.0
+        )
     set_params(model, P)
     src = torch.tensor([[4, 5, 6, 3], [6, 3, PAD, PAD]])
     tgt_in = torch.tensor([[BOS, 4, 6], [BOS, 5, PAD]])
@@ -209,7 +241,9 @@ def test_transformer_follows_the_paper(norm, scale):
         torch.testing.assert_close(enc["memory"], ref["memory"], atol=1e-5, rtol=1e-5)
         logits, attn = model.decoder(tgt_in, enc, need_attn=True)
         torch.testing.assert_close(logits, ref["logits"], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(attn, ref["maps"][:, -1].mean(1), atol=1e-6, rtol=1e-5)  # plotted: last layer, mean over heads
+        torch.testing.assert_close(
+            attn, ref["maps"][:, -1].mean(1), atol=1e-6, rtol=1e-5
+        )  # plotted: last layer, mean over heads
         torch.testing.assert_close(model.decoder.attention_maps(tgt_in, enc), ref["maps"], atol=1e-6, rtol=1e-5)
         state = model.init_state(enc)
         for t in range(tgt_in.size(1)):

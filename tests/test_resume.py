@@ -72,7 +72,11 @@ def killed_run(args: list[str], kill_at: int) -> int:
 
 def final_state(run_dir: Path) -> dict:
     payload = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    return {"step": payload["step"], "model": payload["model"], "optimizer": payload["train_state"]["optimizer"]["state"]}
+    return {
+        "step": payload["step"],
+        "model": payload["model"],
+        "optimizer": payload["train_state"]["optimizer"]["state"],
+    }
 
 
 def assert_identical(a: dict, b: dict) -> None:
@@ -93,7 +97,9 @@ def test_killed_and_resumed_runs_end_bit_identical(small_corpus, tmp_path, capsy
     children = {at: killed_run(run_args(small_corpus) + [f"run_dir={tmp_path / f'killed{at}'}"], at) for at in kills}
     threads = torch.get_num_threads()
     try:
-        code, _, err = cli(train.main, run_args(small_corpus) + [f"run_dir={tmp_path / 'whole'}"], capsys)  # meanwhile, uninterrupted
+        code, _, err = cli(
+            train.main, run_args(small_corpus) + [f"run_dir={tmp_path / 'whole'}"], capsys
+        )  # meanwhile, uninterrupted
         assert code == 0, err
         reference = final_state(tmp_path / "whole")
         for kill_at, checkpoint_step in kills.items():
@@ -127,13 +133,24 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path):
 
         os.fsync = slow_fsync
         for n in range(1, 1000):
-            write_payload(path, {"format": "nmt-checkpoint", "model": {"w": torch.full((10_000_000,), float(n))}, "config": "", "tokenizer": {}, "step": n})
+            write_payload(
+                path,
+                {
+                    "format": "nmt-checkpoint",
+                    "model": {"w": torch.full((10_000_000,), float(n))},
+                    "config": "",
+                    "tokenizer": {},
+                    "step": n,
+                },
+            )
 
     child = fork(save_forever)
     try:
         temporary = tmp_path / f".last.pt.tmp{child}"
         deadline = time.monotonic() + 60
-        while not (path.exists() and temporary.exists() and temporary.stat().st_size > 0):  # the second save is under way
+        while not (
+            path.exists() and temporary.exists() and temporary.stat().st_size > 0
+        ):  # the second save is under way
             assert time.monotonic() < deadline
             time.sleep(0.001)
         os.kill(child, signal.SIGKILL)
@@ -142,4 +159,6 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path):
         assert wait(child) == -signal.SIGKILL
     assert temporary.exists()  # killed in the middle of a save
     payload = load_checkpoint(path)
-    assert payload["step"] >= 1 and torch.equal(payload["model"]["w"], torch.full((10_000_000,), float(payload["step"])))
+    assert payload["step"] >= 1 and torch.equal(
+        payload["model"]["w"], torch.full((10_000_000,), float(payload["step"]))
+    )

@@ -38,9 +38,15 @@ def copy(run_dir, tmp_path):
 def test_a_new_learning_rate_is_used_by_the_next_update(stopped, tmp_path, capsys, monkeypatch):
     used = []
     step = torch.optim.Adam.step
-    monkeypatch.setattr(torch.optim.Adam, "step", lambda self, *a, **k: (used.append(self.param_groups[0]["lr"]), step(self, *a, **k))[1])
+    monkeypatch.setattr(
+        torch.optim.Adam,
+        "step",
+        lambda self, *a, **k: (used.append(self.param_groups[0]["lr"]), step(self, *a, **k))[1],
+    )
     run_dir = copy(stopped, tmp_path)
-    code, out, err = cli(train.main, [f"resume={run_dir}", "train.lr=0.05", "train.warmup=2", "train.max_steps=7"], capsys)
+    code, out, err = cli(
+        train.main, [f"resume={run_dir}", "train.lr=0.05", "train.warmup=2", "train.max_steps=7"], capsys
+    )
     assert code == 0, err
     assert "resume: setting differs from the checkpoint: train.lr: 0.0005 -> 0.05" in out
     # inverse_sqrt with warm-up 2: updates 6 and 7 use 0.05 * sqrt(2 / 6) and 0.05 * sqrt(2 / 7)
@@ -64,7 +70,11 @@ def test_new_batching_starts_with_the_next_epoch(small_corpus, tmp_path, capsys,
     seen = record_batches(monkeypatch)
     run_dir = tmp_path / "run"
     assert _run(run_args(small_corpus) + ["train.max_steps=5", "train.save_every=5", f"run_dir={run_dir}"]) == 0
-    code, out, err = cli(train.main, [f"resume={run_dir}", "train.batch_tokens=128", "train.seed=3", "train.max_epochs=2", "train.max_steps=1000"], capsys)
+    code, out, err = cli(
+        train.main,
+        [f"resume={run_dir}", "train.batch_tokens=128", "train.seed=3", "train.max_epochs=2", "train.max_steps=1000"],
+        capsys,
+    )
     assert code == 0, err
     assert "resume: train.batch_tokens/seed 256/7 -> 128/3 from epoch 1; epoch 0 finishes with its own batches" in out
     for epoch in (0, 1):  # every pair exactly once per epoch, across the two runs
@@ -76,7 +86,11 @@ def test_subword_sampling_turned_on_starts_with_the_next_epoch(small_corpus, tmp
     seen = record_batches(monkeypatch)
     run_dir = tmp_path / "run"
     assert _run(run_args(small_corpus) + ["train.max_steps=5", "train.save_every=5", f"run_dir={run_dir}"]) == 0
-    code, out, err = cli(train.main, [f"resume={run_dir}", "data.src_subword_alpha=0.3", "train.max_epochs=2", "train.max_steps=1000"], capsys)
+    code, out, err = cli(
+        train.main,
+        [f"resume={run_dir}", "data.src_subword_alpha=0.3", "train.max_epochs=2", "train.max_steps=1000"],
+        capsys,
+    )
     assert code == 0, err
     assert "resume: train.batch_tokens/seed 256/7 -> 256/7, subword alphas 0.0/0.0 -> 0.3/0.0 from epoch 1" in out
     for epoch in (0, 1):  # every pair exactly once per epoch, across the two runs
@@ -87,7 +101,11 @@ def test_subword_sampling_turned_on_starts_with_the_next_epoch(small_corpus, tmp
 def test_other_training_pairs_mid_epoch_are_refused(stopped, tmp_path, capsys):
     run_dir = copy(stopped, tmp_path)
     code, _, err = cli(train.main, [f"resume={run_dir}", "data.max_len=6"], capsys)
-    assert code == 2 and err.startswith("error: resume: the training data now give other pairs than in") and err.count("\n") == 1, err
+    assert (
+        code == 2
+        and err.startswith("error: resume: the training data now give other pairs than in")
+        and err.count("\n") == 1
+    ), err
     assert "(epoch 0, batch 5) would skip or repeat pairs" in err
 
 

@@ -25,11 +25,15 @@ VARIANTS = {
     "luong_gru_no_feeding": dict(arch="luong", cell="gru", score="general", input_feeding=False),
     "luong_local_m": dict(arch="luong", score="general", window="local_m", window_size=2),
     "luong_local_p": dict(arch="luong", score="general", window="local_p", window_size=2),
-    "luong_local_p_dot_unidirectional": dict(arch="luong", score="dot", window="local_p", window_size=2, bidirectional=False),
+    "luong_local_p_dot_unidirectional": dict(
+        arch="luong", score="dot", window="local_p", window_size=2, bidirectional=False
+    ),
     "hard": dict(arch="luong", score="general", attention="hard"),
 }
 # the variants that learn the copy task (the other two differ from these only in cell, bridge or direction)
-SOFT = [name for name in VARIANTS if name not in ("hard", "bahdanau_lstm_zero_bridge", "luong_local_p_dot_unidirectional")]
+SOFT = [
+    name for name in VARIANTS if name not in ("hard", "bahdanau_lstm_zero_bridge", "luong_local_p_dot_unidirectional")
+]
 
 
 def tiny(name, **kw):
@@ -83,11 +87,15 @@ def test_beam_search_reorders_the_rnn_state(name):
     model, batch = tiny(name), random_batch()
     limit = torch.full((3,), 8)
     greedy = greedy_search(model, batch.src, batch.src_mask, limit)
-    assert [h[0].tokens for h in beam_search(model, batch.src, batch.src_mask, limit, k=1)] == [h.tokens for h in greedy]
+    assert [h[0].tokens for h in beam_search(model, batch.src, batch.src_mask, limit, k=1)] == [
+        h.tokens for h in greedy
+    ]
     together = beam_search(model, batch.src, batch.src_mask, limit, k=3, nbest=3)
     for row in range(3):
         s = int(batch.src_mask[row].sum())
-        alone = beam_search(model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limit[:1], k=3, nbest=3)[0]
+        alone = beam_search(
+            model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limit[:1], k=3, nbest=3
+        )[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[row]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in together[row]], abs=1e-4)
 
@@ -97,10 +105,14 @@ def test_weights_round_trip_through_a_state_dict(name):
     """What a checkpoint does: rebuild from the config, load the weights (tied ones included), same outputs."""
     model, batch = tiny(name), random_batch()
     torch.manual_seed(123)
-    rebuilt = build_model(ModelConfig(**({"dim": 16, "layers": 2, "dropout": 0.1} | VARIANTS[name])), VOCAB, VOCAB, joint=True).eval()
+    rebuilt = build_model(
+        ModelConfig(**({"dim": 16, "layers": 2, "dropout": 0.1} | VARIANTS[name])), VOCAB, VOCAB, joint=True
+    ).eval()
     rebuilt.load_state_dict(model.state_dict())
     with torch.no_grad():
-        torch.testing.assert_close(rebuilt(batch.src, batch.src_mask, batch.tgt_in), model(batch.src, batch.src_mask, batch.tgt_in))
+        torch.testing.assert_close(
+            rebuilt(batch.src, batch.src_mask, batch.tgt_in), model(batch.src, batch.src_mask, batch.tgt_in)
+        )
     assert rebuilt.decoder.output.weight is rebuilt.decoder.embed.weight is rebuilt.encoder.embed.weight
 
 
@@ -120,7 +132,10 @@ def test_lstm_state_lives_in_the_state_dict_with_the_batch_first():
     [
         (dict(arch="luong", cell="rnn"), "model.cell=rnn: unknown; expected one of gru, lstm"),
         (dict(arch="luong", bridge="mean"), "model.bridge=mean: unknown; expected one of bridge, zero"),
-        (dict(arch="luong", score="cosine"), "model.score=cosine: unknown; expected one of additive, dot, general, concat, location"),
+        (
+            dict(arch="luong", score="cosine"),
+            "model.score=cosine: unknown; expected one of additive, dot, general, concat, location",
+        ),
         (dict(arch="luong", score="location", window="local_p"), "location attention is global only"),
         (dict(arch="luong", window="local"), "model.window=local: unknown"),
         (dict(arch="luong", dim=15), "needs an even dim"),
@@ -155,7 +170,10 @@ def copy_accuracy(name: str, steps: int) -> float:
     opt = torch.optim.Adam(model.parameters(), lr=1.5e-2)
 
     def sample(n):
-        return [torch.randint(4, VOCAB, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+        return [
+            torch.randint(4, VOCAB, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)
+        ]
 
     for _ in range(steps):
         seqs = sample(64)

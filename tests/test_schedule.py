@@ -57,13 +57,19 @@ def test_cosine_worked_by_hand():
     f = cosine(2, 10)
     expected = {n: n / 2 if n <= 2 else 0.5 * (1 + math.cos(math.pi * (n - 2) / 8)) for n in range(1, 11)}
     assert {n: f(n - 1) for n in expected} == pytest.approx(expected, abs=1e-12)
-    assert f(5) == pytest.approx(0.5) and f(9) == pytest.approx(0.0, abs=1e-12) and f(50) == pytest.approx(0.0, abs=1e-12)
-    assert cosine(0, 4)(0) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))  # no warm-up: decays from the first update
+    assert (
+        f(5) == pytest.approx(0.5) and f(9) == pytest.approx(0.0, abs=1e-12) and f(50) == pytest.approx(0.0, abs=1e-12)
+    )
+    assert cosine(0, 4)(0) == pytest.approx(
+        0.5 * (1 + math.cos(math.pi / 4))
+    )  # no warm-up: decays from the first update
     assert lr_multiplier("cosine", 2, 10)(5) == f(5)
 
 
 def test_unknown_schedule_lists_the_valid_ones():
-    with pytest.raises(NmtError, match="train.schedule=linear: unknown; expected one of inverse_sqrt, constant, cosine"):
+    with pytest.raises(
+        NmtError, match="train.schedule=linear: unknown; expected one of inverse_sqrt, constant, cosine"
+    ):
         lr_multiplier("linear", 10, 100)
 
 
@@ -72,7 +78,11 @@ def test_the_trainers_nth_update_uses_the_scheduled_rate(toy_dir, toy_cache, tmp
 
     Fails if the trainer stepped the scheduler before the optimizer (every rate one update early)."""
     lr, warmup = 2e-3, 3
-    trainer = Trainer(tiny_config(toy_dir, toy_cache, lr=lr, warmup=warmup, schedule="inverse_sqrt"), tmp_path / "run", log=lambda line: None)
+    trainer = Trainer(
+        tiny_config(toy_dir, toy_cache, lr=lr, warmup=warmup, schedule="inverse_sqrt"),
+        tmp_path / "run",
+        log=lambda line: None,
+    )
     used = []
     step = trainer.precision.step
     trainer.precision.step = lambda optimizer: (used.append(optimizer.param_groups[0]["lr"]), step(optimizer))

@@ -66,7 +66,9 @@ class Scripted(nn.Module):
         prefix = torch.cat([state["prefix"], prev[:, None]], 1)  # (R, T) with BOS first
         per_sentence = prev.size(0) // enc["first"].size(0)
         probs = torch.zeros(prev.size(0), V)
-        for row, (first, tokens) in enumerate(zip(enc["first"].repeat_interleave(per_sentence).tolist(), prefix[:, 1:].tolist())):
+        for row, (first, tokens) in enumerate(
+            zip(enc["first"].repeat_interleave(per_sentence).tolist(), prefix[:, 1:].tolist())
+        ):
             for token, p in self.tables[first].get(tuple(tokens), {EOS: 1.0}).items():
                 probs[row, token] = p
         mask = enc["src_mask"].float().repeat_interleave(per_sentence, 0)
@@ -136,7 +138,9 @@ def test_scripted_sentences_alone_equal_in_a_batch():
     model, src, mask = scripted(PENALTY_FLIPS, GREEDY_MISSES, PENALTY_FLIPS)
     together = beam_search(model, src, mask, limit(src, 8), k=3, alpha=0.6, nbest=3)
     for row in range(3):
-        alone = beam_search(model, src[row : row + 1], mask[row : row + 1], limit(src, 8)[:1], k=3, alpha=0.6, nbest=3)[0]
+        alone = beam_search(model, src[row : row + 1], mask[row : row + 1], limit(src, 8)[:1], k=3, alpha=0.6, nbest=3)[
+            0
+        ]
         assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in together[row]]
 
 
@@ -193,7 +197,9 @@ def test_beam_alone_equals_in_a_batch(arch):
     together = beam_search(model, batch.src, batch.src_mask, limits, k=5, alpha=0.6, nbest=3)
     for row in range(5):
         s = int(batch.src_mask[row].sum())
-        alone = beam_search(model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limits[:1], k=5, alpha=0.6, nbest=3)[0]
+        alone = beam_search(
+            model, batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], limits[:1], k=5, alpha=0.6, nbest=3
+        )[0]
         assert [h.tokens for h in alone] == [h.tokens for h in together[row]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in together[row]], abs=1e-4)
         torch.testing.assert_close(alone[0].attention, together[row][0].attention, atol=1e-5, rtol=1e-4)
@@ -226,6 +232,9 @@ def test_pad_and_bos_are_never_emitted():
     assert [h.tokens for h in greedy_search(model, src, mask, limit(src, 5))] == [[X], [X]]
     assert greedy_search(model, src, mask, limit(src, 5))[0].score == pytest.approx(math.log(0.2 * 0.1))
     for hyps in beam_search(model, src, mask, limit(src, 5), k=2, nbest=2):
-        assert [h.tokens for h in hyps] == [[], [X]]  # EOS at once (p .1) beats X EOS (.2 * .1); nothing else is allowed
+        assert [h.tokens for h in hyps] == [
+            [],
+            [X],
+        ]  # EOS at once (p .1) beats X EOS (.2 * .1); nothing else is allowed
     samples = sample_search(model, src, mask, limit(src, 5), n=50, generator=torch.Generator().manual_seed(0))
     assert all(PAD not in h.tokens and BOS not in h.tokens for hyps in samples for h in hyps)

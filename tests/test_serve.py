@@ -41,8 +41,14 @@ def trained_pair(tmp_path_factory, toy_dir) -> dict[str, str]:
     key = str(tmp_path_factory.getbasetemp())
     if key not in _RUNS:
         work = tmp_path_factory.mktemp("serve")
-        common = toy_overrides(toy_dir) + [f"data.cache_dir={work}/cache", "train.max_steps=4", "train.valid_every=4",
-                                           "train.valid_bleu_sentences=4", "decode.max_len_a=0", "decode.max_len_b=4"]
+        common = toy_overrides(toy_dir) + [
+            f"data.cache_dir={work}/cache",
+            "train.max_steps=4",
+            "train.valid_every=4",
+            "train.valid_bleu_sentences=4",
+            "decode.max_len_a=0",
+            "decode.max_len_b=4",
+        ]
         arch = {"a": TINY, "b": ["model=luong", "model.dim=32", "model.layers=1", "train.progress=false"]}
         for name, model in arch.items():
             with pytest.raises(SystemExit) as exit_info:
@@ -84,12 +90,18 @@ def test_models_and_health(client, runs):
     by_name = {m["name"]: m for m in listed["models"]}
     assert list(by_name) == ["a", "b"]
     a, b = by_name["a"], by_name["b"]
-    assert (a["arch"], a["variant"], a["attention"]) == ("transformer", {"heads": 2, "scale": True}, "scaled dot-product, 2 heads")
+    assert (a["arch"], a["variant"], a["attention"]) == (
+        "transformer",
+        {"heads": 2, "scale": True},
+        "scaled dot-product, 2 heads",
+    )
     assert (b["arch"], b["variant"]["score"], b["variant"]["window"]) == ("luong", "general", "global")
     for name, m in by_name.items():
         payload = load_checkpoint(runs[name])
         assert m["steps"] == payload["step"] and m["checkpoint"] == payload["path"]
-        weights = {v.data_ptr(): v.numel() for v in payload["model"].values() if v.is_floating_point()}  # tied weights once
+        weights = {
+            v.data_ptr(): v.numel() for v in payload["model"].values() if v.is_floating_point()
+        }  # tied weights once
         assert m["parameters"] == sum(weights.values())
         assert m["src_vocab_size"] > 8 and m["tgt_vocab_size"] > 8 and m["max_beam"] == SETTINGS.max_beam
     assert listed["limits"] == {"max_lines": SETTINGS.max_lines, "max_chars": SETTINGS.max_chars}
@@ -151,17 +163,32 @@ def test_the_compared_model_answers_by_name(client, sources):
         (b"{}", 422, "text", "text: missing"),
         (b'{"text": "one string"}', 422, "text", "expected a list of strings"),
         (b'{"text": ["ok", 3]}', 422, "text", "expected a list of strings"),
-        (b'{"text": ["x"], "beams": 2}', 422, "beams", "beams: unknown field; expected text, beam, nbest, attention, model"),
+        (
+            b'{"text": ["x"], "beams": 2}',
+            422,
+            "beams",
+            "beams: unknown field; expected text, beam, nbest, attention, model",
+        ),
         (b'{"text": ["x"], "beam": "5"}', 422, "beam", 'beam="5": expected an integer'),
         (b'{"text": ["x"], "beam": true}', 422, "beam", "beam=true: expected an integer"),
         (b'{"text": ["x"], "beam": 0}', 422, "beam", "beam=0: expected an integer in [1, 6]"),
         (b'{"text": ["x"], "beam": 7}', 422, "beam", "beam=7: expected an integer in [1, 6]"),
-        (b'{"text": ["x"], "beam": 2, "nbest": 3}', 422, "nbest", "nbest=3: expected an integer in [1, 2] (at most beam=2)"),
+        (
+            b'{"text": ["x"], "beam": 2, "nbest": 3}',
+            422,
+            "nbest",
+            "nbest=3: expected an integer in [1, 2] (at most beam=2)",
+        ),
         (b'{"text": ["x"], "nbest": 1.5}', 422, "nbest", "nbest=1.5: expected an integer"),
         (b'{"text": ["x"], "attention": "yes"}', 422, "attention", 'attention="yes": expected true or false'),
         (b'{"text": ["x"], "model": "c"}', 422, "model", 'model="c": unknown; expected one of a, b'),
         (json.dumps({"text": ["x"] * 9}).encode(), 413, "text", "text: 9 lines; at most serve.max_lines=8"),
-        (json.dumps({"text": ["x" * 300, "y" * 101]}).encode(), 413, "text", "text: 401 characters; at most serve.max_chars=400"),
+        (
+            json.dumps({"text": ["x" * 300, "y" * 101]}).encode(),
+            413,
+            "text",
+            "text: 401 characters; at most serve.max_chars=400",
+        ),
         (json.dumps({"text": ["x"], "pad": " " * 10000}).encode(), 413, "text", "bytes"),
     ],
 )
@@ -173,7 +200,11 @@ def test_mistakes_are_json_errors_naming_the_field(client, body, status, field, 
 
 
 def test_unknown_routes_and_methods_are_json_errors(client):
-    for method, path, status in [("GET", "/v2/translate", 404), ("GET", "/v1/translate", 405), ("POST", "/v1/models", 405)]:
+    for method, path, status in [
+        ("GET", "/v2/translate", 404),
+        ("GET", "/v1/translate", 405),
+        ("POST", "/v1/models", 405),
+    ]:
         response = client.request(method, path)
         assert response.status_code == status and path in response.json()["error"]
 
@@ -185,7 +216,9 @@ def test_a_decoding_failure_is_a_500_and_the_server_goes_on(client, models, sour
     monkeypatch.setattr(models[0], "searcher", broken)
     error = translate(client, {"text": [sources[0]]}, status=500)
     assert error["error"] == "decoding failed: RuntimeError: out of memory (simulated)"
-    assert translate(client, {"text": [sources[0]], "model": "b"})["translations"][0]["nbest"]  # the other model is unaffected
+    assert translate(client, {"text": [sources[0]], "model": "b"})["translations"][0][
+        "nbest"
+    ]  # the other model is unaffected
     monkeypatch.undo()
     assert translate(client, {"text": [sources[0]]})["translations"][0]["nbest"]
     assert client.get("/health").json()["status"] == "ok"
@@ -194,12 +227,19 @@ def test_a_decoding_failure_is_a_500_and_the_server_goes_on(client, models, sour
 def test_concurrent_requests_are_batched_and_match_one_at_a_time(client, models, sources):
     """Eight requests sent at once (mixed models, beams and blank lines) give what each gives alone."""
     bodies = [
-        {"text": [sources[i], "", sources[i + 1]] if i % 3 == 0 else [sources[i]], "beam": 1 + i % 3, "model": "ab"[i % 2], "attention": i % 4 == 0}
+        {
+            "text": [sources[i], "", sources[i + 1]] if i % 3 == 0 else [sources[i]],
+            "beam": 1 + i % 3,
+            "model": "ab"[i % 2],
+            "attention": i % 4 == 0,
+        }
         for i in range(8)
     ]
     alone = [translate(client, body) for body in bodies]  # max_wait_ms=0 and one at a time: one request per batch
     lines = sum(len(body["text"]) for body in bodies)
-    batched_settings = ServeSettings(max_lines=8, max_chars=400, max_beam=6, max_wait_ms=20000, max_batch_lines=lines, access_log=False)
+    batched_settings = ServeSettings(
+        max_lines=8, max_chars=400, max_beam=6, max_wait_ms=20000, max_batch_lines=lines, access_log=False
+    )
     with TestClient(create_app(models, batched_settings, DECODE)) as batched:
         together: list = [None] * len(bodies)
 
@@ -228,10 +268,15 @@ def test_long_sources_are_cut_with_a_warning_naming_the_line(models, sources):
     with TestClient(app) as c:
         reply = translate(c, {"text": ["ze", " ".join(sources[:3])]})
     assert len(reply["translations"]) == 2
-    assert len(reply["warnings"]) == 1 and reply["warnings"][0].startswith("line 2: ") and "decode.max_src_len=5" in reply["warnings"][0]
+    assert (
+        len(reply["warnings"]) == 1
+        and reply["warnings"][0].startswith("line 2: ")
+        and "decode.max_src_len=5" in reply["warnings"][0]
+    )
 
 
 # --- the batcher on its own (no model) ---
+
 
 def run_batcher(work, payloads, max_wait=0.05, max_lines=100, sizes=None):
     """Submit every payload at once; (outcome or exception per payload, batches, the payload lists work saw)."""
@@ -257,7 +302,9 @@ def test_batcher_gathers_keeps_order_and_caps_lines():
     outcomes, batches, seen = run_batcher(lambda batch: [p * 10 for p in batch], [1, 2, 3, 4, 5])
     assert outcomes == [10, 20, 30, 40, 50] and batches == 1 and seen == [[1, 2, 3, 4, 5]]
     started = time.monotonic()
-    outcomes, batches, seen = run_batcher(lambda batch: list(batch), [1, 2, 3, 4, 5], max_wait=10, max_lines=4, sizes={1: 2, 2: 2, 3: 3, 5: 4})
+    outcomes, batches, seen = run_batcher(
+        lambda batch: list(batch), [1, 2, 3, 4, 5], max_wait=10, max_lines=4, sizes={1: 2, 2: 2, 3: 3, 5: 4}
+    )
     assert outcomes == [1, 2, 3, 4, 5] and seen == [[1, 2], [3, 4], [5]]  # at most 4 lines a batch, a larger job alone
     assert time.monotonic() - started < 5  # each batch closed on reaching 4 lines, without waiting out max_wait
 
@@ -278,8 +325,11 @@ def test_batcher_gives_each_request_its_own_failure():
 
 # --- the command ---
 
+
 def test_every_serve_key_with_a_bad_value(capsys):
-    cases = ruled_keys(ServeConfig) + [(f"serve.{n}", b) for n, b in ruled_keys(ServeSettings)] + [("decode.beam", 0)]  # decode.*: test_config_checks
+    cases = (
+        ruled_keys(ServeConfig) + [(f"serve.{n}", b) for n, b in ruled_keys(ServeSettings)] + [("decode.beam", 0)]
+    )  # decode.*: test_config_checks
     for schema in (ServeConfig, ServeSettings):
         for f in fields(schema):
             if f.type in ("int", "float", "Optional[int]", "Optional[float]"):
@@ -306,11 +356,18 @@ def test_the_command_loads_both_models_and_listens_on_loopback(runs, capsys, mon
         sockets[0].close()
 
     monkeypatch.setattr(uvicorn.Server, "run", fake_run)
-    code, out, err = cli(serve_cli.main, [f"checkpoint={runs['a']}", f"compare={runs['b']}", "port=0", "serve.access_log=false"], capsys)
+    code, out, err = cli(
+        serve_cli.main, [f"checkpoint={runs['a']}", f"compare={runs['b']}", "port=0", "serve.access_log=false"], capsys
+    )
     assert code == 0, err
     host, port = served["address"]
     assert host == "127.0.0.1" and port > 0 and f"serving http://127.0.0.1:{port}/" in out
-    assert "model a: " in out and "Transformer: scaled dot-product" in out and "model b: " in out and "Luong: general score" in out
+    assert (
+        "model a: " in out
+        and "Transformer: scaled dot-product" in out
+        and "model b: " in out
+        and "Luong: general score" in out
+    )
     with TestClient(served["app"]) as c:
         assert [m["name"] for m in c.get("/v1/models").json()["models"]] == ["a", "b"]
 

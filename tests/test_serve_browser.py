@@ -37,7 +37,9 @@ def find_chromium() -> str | None:
 
 
 CHROMIUM = find_chromium()
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium found (apt-get install chromium, or set NMT_CHROMIUM=/path/to/chrome)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium found (apt-get install chromium, or set NMT_CHROMIUM=/path/to/chrome)"
+)
 
 
 def httpx_client(base: str):
@@ -54,7 +56,9 @@ def server(tmp_path_factory, toy_dir):
     runs = trained_pair(tmp_path_factory, toy_dir)
     models = [load_model(name, path, DECODE, torch.device("cpu")) for name, path in runs.items()]
     sock = listen("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(models, ServeSettings(access_log=False), DECODE), log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(models, ServeSettings(access_log=False), DECODE), log_level="warning")
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -94,7 +98,9 @@ def test_page_translates_and_hover_highlights_attended_tokens(server, toy_dir, t
             highlighted = first.locator("th.src.hl")
             assert highlighted.count() >= 1  # the source tokens the first target token attends to
             assert "rgba(245, 158, 11" in highlighted.first.evaluate("e => getComputedStyle(e).backgroundColor")
-            assert first.locator(".tok.src.hl").count() == highlighted.count()  # the token strip agrees with the heat map
+            assert (
+                first.locator(".tok.src.hl").count() == highlighted.count()
+            )  # the token strip agrees with the heat map
             first.locator("th.src").first.hover()
             assert first.locator("th.tgt.hl").count() >= 1 and first.locator("th.src.hl").count() == 0
 

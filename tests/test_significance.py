@@ -9,7 +9,14 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from nmt.compare.summary import decide, excludes_zero
-from nmt.evaluation.significance import bleu_from_stats, cluster_bootstrap, draw_weights, holm, sentence_stats, welch_test
+from nmt.evaluation.significance import (
+    bleu_from_stats,
+    cluster_bootstrap,
+    draw_weights,
+    holm,
+    sentence_stats,
+    welch_test,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +36,8 @@ def test_bleu_from_summed_statistics_is_sacrebleus_corpus_bleu(systems):
     picked = [3, 3, 7]
     stats = sentence_stats(baseline, refs)
     assert float(bleu_from_stats(stats[picked].sum(0))) == pytest.approx(
-        BLEU().corpus_score([baseline[i] for i in picked], [[refs[i] for i in picked]]).score, abs=1e-9)
+        BLEU().corpus_score([baseline[i] for i in picked], [[refs[i] for i in picked]]).score, abs=1e-9
+    )
 
 
 def test_draw_weights_count_each_sentence_as_often_as_it_is_drawn():
@@ -76,7 +84,9 @@ def test_several_seeds_are_averaged_per_draw_and_kept_together():
     assert result.delta == pytest.approx(100 - half)
     # draw 1 (sentence 0 twice): seed 1 of the baseline 100, seed 2 0 -> mean 50; the system 100 -> delta 50;
     # draw 2 (the test set itself): delta 100 - half. The interval spans those two values.
-    assert result.ci_low == pytest.approx(min(50, 100 - half), abs=2) and result.ci_high == pytest.approx(max(50, 100 - half), abs=2)
+    assert result.ci_low == pytest.approx(min(50, 100 - half), abs=2) and result.ci_high == pytest.approx(
+        max(50, 100 - half), abs=2
+    )
 
 
 def test_welch_against_numbers_worked_by_hand():
@@ -86,14 +96,21 @@ def test_welch_against_numbers_worked_by_hand():
     assert result.delta == pytest.approx(3.0)
     assert result.t == pytest.approx(3 / math.sqrt(2 / 3), rel=1e-6) and result.df == pytest.approx(4.0)
     assert result.p_value == pytest.approx(0.02131, abs=5e-5)
-    assert (result.ci_low, result.ci_high) == (pytest.approx(3 - 2.7764 * 0.8165, abs=1e-3), pytest.approx(3 + 2.7764 * 0.8165, abs=1e-3))
+    assert (result.ci_low, result.ci_high) == (
+        pytest.approx(3 - 2.7764 * 0.8165, abs=1e-3),
+        pytest.approx(3 + 2.7764 * 0.8165, abs=1e-3),
+    )
     assert welch_test([30.0, 31.0], [33.0, 34.0, 35.0]) is None  # fewer than 3 seeds: no seed test
     assert welch_test([30.0, 30.0, 30.0], [30.0, 30.0, 30.0]).p_value == 1.0
 
 
 def test_holm_by_hand():
     # k = 3 at 0.05: thresholds 0.0167, 0.025, 0.05 in order of p
-    assert holm({"a": 0.01, "b": 0.04, "c": 0.03}, 0.05) == {"a": True, "b": False, "c": False}  # c = 0.03 >= 0.025 stops it
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03}, 0.05) == {
+        "a": True,
+        "b": False,
+        "c": False,
+    }  # c = 0.03 >= 0.025 stops it
     assert holm({"a": 0.01, "b": 0.02, "c": 0.04}, 0.05) == {"a": True, "b": True, "c": True}
     assert holm({"a": 0.02, "b": 0.5}, 0.05) == {"a": True, "b": False}  # 0.02 < 0.05 / 2
     assert holm({"a": 0.03, "b": 0.04}, 0.05) == {"a": False, "b": False}  # 0.03 >= 0.025 stops at the first
@@ -112,7 +129,9 @@ def test_decision_needs_both_tests():
 SENTENCES, SEEDS, SAMPLES, ALPHA = 120, 3, 200, 0.05
 
 
-def simulated_stats(rng: np.random.Generator, difficulty: np.ndarray, lengths: np.ndarray, quality: float) -> np.ndarray:
+def simulated_stats(
+    rng: np.random.Generator, difficulty: np.ndarray, lengths: np.ndarray, quality: float
+) -> np.ndarray:
     """(N, 10) BLEU statistics of one trained system: each token right with probability sigmoid(quality - difficulty);
     an n-gram matches when its n tokens are right; hypotheses as long as the references."""
     right_p = 1 / (1 + np.exp(-(quality - difficulty)))
@@ -130,11 +149,15 @@ def simulated_stats(rng: np.random.Generator, difficulty: np.ndarray, lengths: n
 def simulated_decision(rng: np.random.Generator, gain: float) -> tuple[bool, bool, bool]:
     """One comparison of a baseline and a system `gain` better (in logits), 3 seeds each: (bootstrap, seed test, both)."""
     lengths = rng.integers(5, 20, SENTENCES)
-    difficulty = rng.normal(0, 1.5, SENTENCES)  # shared by every system and seed: what makes outputs of one sentence correlate
+    difficulty = rng.normal(
+        0, 1.5, SENTENCES
+    )  # shared by every system and seed: what makes outputs of one sentence correlate
 
     def system(quality: float) -> np.ndarray:
         # each training seed shifts the model's quality (seed variance) and draws its own outputs
-        return np.stack([simulated_stats(rng, difficulty, lengths, quality + rng.normal(0, 0.15)) for _ in range(SEEDS)])
+        return np.stack(
+            [simulated_stats(rng, difficulty, lengths, quality + rng.normal(0, 0.15)) for _ in range(SEEDS)]
+        )
 
     base, other = system(1.0), system(1.0 + gain)
     boot = cluster_bootstrap(base, other, [1, 2, 3], SAMPLES, int(rng.integers(1, 10**6)))

@@ -49,7 +49,9 @@ def test_rows_sharing_a_sentence_equal_rows_with_their_own_copy(name):
 
 def test_position_table_equals_the_computed_positions_and_is_not_saved():
     torch.manual_seed(0)
-    model = build_model(ModelConfig(dim=32, layers=1, heads=4, ffn_dim=64, dropout=0.0), VOCAB, VOCAB, joint=True).eval()
+    model = build_model(
+        ModelConfig(dim=32, layers=1, heads=4, ffn_dim=64, dropout=0.0), VOCAB, VOCAB, joint=True
+    ).eval()
     embed = model.decoder.embed
     tokens = torch.randint(4, VOCAB, (2, 5))
     for offset in (0, 3, POSITIONS - 2, POSITIONS + 10):  # the last two cross and pass the table's end

@@ -13,8 +13,13 @@ from tests.conftest import tiny_config
 
 @pytest.fixture(scope="module", params=["bpe", "unigram"])
 def prepared(request, toy_dir, tmp_path_factory):
-    data = DataConfig(train=str(toy_dir / "train"), valid=str(toy_dir / "valid"), vocab_size=200, spm_model=request.param,
-                      cache_dir=str(tmp_path_factory.mktemp("cache")))
+    data = DataConfig(
+        train=str(toy_dir / "train"),
+        valid=str(toy_dir / "valid"),
+        vocab_size=200,
+        spm_model=request.param,
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+    )
     return prepare_data(data, log=lambda line: None)
 
 
@@ -31,7 +36,9 @@ def test_a_sample_is_another_segmentation_of_the_same_text(prepared):
     src, tgt = rows(sampled, 0, n), rows(sampled, 1, n)
     assert tok.src.decode(src) == list(split.src_text) and tok.decode_tgt(tgt) == list(split.tgt_text)
     assert src != rows(split, 0, n) and tgt != rows(split, 1, n)
-    assert sum(sampled.lengths()[0]) > sum(cached[0]) and sum(sampled.lengths()[1]) > sum(cached[1])  # finer on the whole
+    assert sum(sampled.lengths()[0]) > sum(cached[0]) and sum(sampled.lengths()[1]) > sum(
+        cached[1]
+    )  # finer on the whole
 
 
 def test_the_same_seed_and_epoch_give_the_same_sample(prepared):

@@ -27,8 +27,16 @@ def test_separate_vocabularies_and_state_round_trip():
 
 # --- properties on arbitrary Unicode text --------------------------------------------------------
 # Training text in several scripts; with character_coverage=1.0 each of its characters is in the vocabulary.
-SCRIPTS = ["the quick brown fox jumps", "Straße über Äpfel é ñ ç", "ελληνικά κείμενα", "русский текст", "日本語のテキスト",
-           "عربي نص", "emoji 😀 🚀 ok", "FIGURES 0123456789 A B"]
+SCRIPTS = [
+    "the quick brown fox jumps",
+    "Straße über Äpfel é ñ ç",
+    "ελληνικά κείμενα",
+    "русский текст",
+    "日本語のテキスト",
+    "عربي نص",
+    "emoji 😀 🚀 ok",
+    "FIGURES 0123456789 A B",
+]
 # What users type besides that: other whitespace and line breaks, and compatibility forms NFKC folds into it.
 VARIANTS = "\t\r\n\u00a0\u2028\u3000\u2003ﬁＡＢ０１"
 FOLD = str.maketrans("ＡＢ０１", "AB01")  # NFKC of the full-width forms (and "ﬁ" -> "fi")
@@ -66,6 +74,8 @@ def test_a_large_corpus_is_sampled_the_same_way_each_time():
 
     lines = [f"line {i}" for i in range(1000)]
     sample = sample_lines(lines, 100)
-    assert len(sample) == 100 and sample == sample_lines(lines, 100)  # seeded: every process trains on the same sentences
+    assert len(sample) == 100 and sample == sample_lines(
+        lines, 100
+    )  # seeded: every process trains on the same sentences
     assert sample == sorted(sample, key=lines.index) and len(set(sample)) == 100  # in corpus order, no repeats
     assert sample_lines(lines, 1000) is lines

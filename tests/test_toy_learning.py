@@ -24,15 +24,26 @@ def toy_experiment():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("toy_recipe_data")  # the recipe's corpus is generated here once, and its tokenizer cached
+    return tmp_path_factory.mktemp(
+        "toy_recipe_data"
+    )  # the recipe's corpus is generated here once, and its tokenizer cached
 
 
 @pytest.mark.parametrize("variant", list(FAMILIES))
 def test_each_family_learns_the_toy_at_the_comparisons_settings(variant, toy_experiment, folder, tmp_path_factory):
-    data = [f"data.train={folder}/toy/train", f"data.valid={folder}/toy/valid", f"data.test={folder}/toy/test", f"data.cache_dir={folder}/cache"]
-    overrides = merge_overrides(toy_experiment.shared, toy_experiment.overrides[variant], data, ["train.progress=false", "train.seed=1"])
+    data = [
+        f"data.train={folder}/toy/train",
+        f"data.valid={folder}/toy/valid",
+        f"data.test={folder}/toy/test",
+        f"data.cache_dir={folder}/cache",
+    ]
+    overrides = merge_overrides(
+        toy_experiment.shared, toy_experiment.overrides[variant], data, ["train.progress=false", "train.seed=1"]
+    )
     cfg = compose("config", overrides)
     assert cfg.train.max_steps == 250 and cfg.model.dim == 64 and cfg.train.threads == 1  # the comparison's settings
     results = Trainer(cfg, tmp_path_factory.mktemp(variant)).fit()
     assert results["steps"] == 250
-    assert results["best"]["score"] >= FAMILIES[variant], f"{variant}: valid BLEU {results['best']['score']:.1f} after 250 updates"
+    assert results["best"]["score"] >= FAMILIES[variant], (
+        f"{variant}: valid BLEU {results['best']['score']:.1f} after 250 updates"
+    )

@@ -30,7 +30,9 @@ def scripted(monkeypatch, metric: str, scores: list[float]) -> None:
 
     def validate(self):
         value = next(it)
-        return {"valid_loss": 1.0, "valid_ppl": math.e, "valid_bleu": 0.0, "valid_chrf": 0.0} | {f"valid_{metric}": value}
+        return {"valid_loss": 1.0, "valid_ppl": math.e, "valid_bleu": 0.0, "valid_chrf": 0.0} | {
+            f"valid_{metric}": value
+        }
 
     monkeypatch.setattr(Trainer, "validate", validate)
 
@@ -51,10 +53,21 @@ def test_keeps_the_last_n_and_the_best_m(toy_dir, cache, tmp_path, monkeypatch):
     assert results["best"] == {"metric": "bleu", "score": 9.0, "step": 4} and not results["early_stopped"]
 
 
-@pytest.mark.parametrize("metric, scores, stop_step", [("bleu", [3.0, 5.0, 5.0, 4.0, 9.0], 8), ("loss", [4.0, 3.0, 3.5, 2.9, 3.0, 3.0], 12)])
+@pytest.mark.parametrize(
+    "metric, scores, stop_step", [("bleu", [3.0, 5.0, 5.0, 4.0, 9.0], 8), ("loss", [4.0, 3.0, 3.5, 2.9, 3.0, 3.0], 12)]
+)
 def test_early_stopping_with_patience(toy_dir, cache, tmp_path, monkeypatch, metric, scores, stop_step):
     scripted(monkeypatch, metric, scores)
-    t = trainer(toy_dir, cache, tmp_path / "run", max_steps=20, valid_every=2, save_every=100, early_stop_metric=metric, patience=2)
+    t = trainer(
+        toy_dir,
+        cache,
+        tmp_path / "run",
+        max_steps=20,
+        valid_every=2,
+        save_every=100,
+        early_stop_metric=metric,
+        patience=2,
+    )
     results = t.fit()
     assert results["steps"] == stop_step and results["early_stopped"]
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"] == stop_step
@@ -85,7 +98,9 @@ def test_non_finite_loss_is_skipped_and_counted(toy_dir, cache, tmp_path, monkey
     results = t.fit()
     assert calls == [0, 1, 1, 1, 2, 3] and results["skipped_updates"] == 2 and results["steps"] == 4
     assert t.batch_in_epoch == 6 and t.guard.in_a_row == 0
-    assert not any(torch.equal(before[k], v) for k, v in t.model.state_dict().items() if v.is_floating_point() and "norm" not in k)
+    assert not any(
+        torch.equal(before[k], v) for k, v in t.model.state_dict().items() if v.is_floating_point() and "norm" not in k
+    )
 
 
 def test_non_finite_gradients_too_many_in_a_row_stop_the_run(toy_dir, cache, tmp_path, monkeypatch, capsys):
@@ -109,21 +124,40 @@ def test_non_finite_gradients_too_many_in_a_row_stop_the_run(toy_dir, cache, tmp
 
 
 def test_diverging_run_exits_3_with_one_line(toy_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(Trainer, "loss", lambda self, batch, smoothing, net=None: torch.tensor(float("nan"), requires_grad=True))
-    argv = toy_overrides(toy_dir) + TINY + [f"data.cache_dir={tmp_path}/cache", "train.max_bad_steps=2", f"run_dir={tmp_path}/run"]
+    monkeypatch.setattr(
+        Trainer, "loss", lambda self, batch, smoothing, net=None: torch.tensor(float("nan"), requires_grad=True)
+    )
+    argv = (
+        toy_overrides(toy_dir)
+        + TINY
+        + [f"data.cache_dir={tmp_path}/cache", "train.max_bad_steps=2", f"run_dir={tmp_path}/run"]
+    )
     code, _, err = cli(train.main, argv, capsys)
     assert code == 3 and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("error: step 1: 2 updates in a row had a non-finite loss or gradient") and "last good checkpoint: none saved yet" in err
+    assert (
+        err.startswith("error: step 1: 2 updates in a row had a non-finite loss or gradient")
+        and "last good checkpoint: none saved yet" in err
+    )
 
 
 @pytest.fixture(scope="module")
 def finished(toy_dir, tmp_path_factory):
     """A finished tiny run (6 updates, a checkpoint every 2, all kept) made through the command line."""
     work = tmp_path_factory.mktemp("finished")
-    argv = toy_overrides(toy_dir) + TINY + [
-        f"data.cache_dir={work}/cache", "train.max_steps=6", "train.save_every=2", "train.valid_every=6", "train.keep_last=3",
-        "train.valid_bleu_sentences=5", "decode.max_len_b=3", f"run_dir={work}/run",
-    ]
+    argv = (
+        toy_overrides(toy_dir)
+        + TINY
+        + [
+            f"data.cache_dir={work}/cache",
+            "train.max_steps=6",
+            "train.save_every=2",
+            "train.valid_every=6",
+            "train.keep_last=3",
+            "train.valid_bleu_sentences=5",
+            "decode.max_len_b=3",
+            f"run_dir={work}/run",
+        ]
+    )
     from nmt.cli.common import run
 
     with pytest.raises(SystemExit) as exit_info:
@@ -135,15 +169,23 @@ def finished(toy_dir, tmp_path_factory):
 def test_init_from_starts_fresh_from_the_weights(finished, toy_dir, tmp_path, capsys):
     source = finished / "run" / "checkpoints" / "last.pt"
     argv = toy_overrides(toy_dir) + [
-        f"init_from={source}", f"data.cache_dir={finished}/cache", "train.max_steps=1", "train.lr=1e-4", "train.progress=false",
-        "train.valid_bleu_sentences=5", "decode.max_len_b=3", f"run_dir={tmp_path}/tuned",
+        f"init_from={source}",
+        f"data.cache_dir={finished}/cache",
+        "train.max_steps=1",
+        "train.lr=1e-4",
+        "train.progress=false",
+        "train.valid_bleu_sentences=5",
+        "decode.max_len_b=3",
+        f"run_dir={tmp_path}/tuned",
     ]
     code, out, err = cli(train.main, argv, capsys)
     assert code == 0, err
     assert "init_from: setting differs from the checkpoint: train.lr: 0.0005 -> 0.0001" in out
     assert "model.dim" not in out  # the recipe's model size yields to the checkpoint's
     tuned, original = load_checkpoint(tmp_path / "tuned" / "checkpoints" / "last.pt"), load_checkpoint(source)
-    assert tuned["step"] == 1 and tuned["train_state"]["optimizer"]["state"][0]["step"] == 1  # a fresh optimizer: one update of its own
+    assert (
+        tuned["step"] == 1 and tuned["train_state"]["optimizer"]["state"][0]["step"] == 1
+    )  # a fresh optimizer: one update of its own
     assert tuned["train_state"]["scheduler"]["last_epoch"] == 1
     for key, value in original["model"].items():  # started from these weights (one tiny warm-up update away)
         torch.testing.assert_close(tuned["model"][key], value, rtol=0, atol=1e-5)
@@ -157,7 +199,11 @@ def test_resume_prints_changed_settings_and_refuses_a_new_shape(finished, tmp_pa
     assert code == 0, err
     assert "resume: setting differs from the checkpoint: train.max_steps: 6 -> 7" in out and "resumed from" in out
     code, _, err = cli(train.main, [f"resume={run_dir}", "model.dim=64"], capsys)
-    assert code == 2 and err == f"error: resume={run_dir}: cannot change what the weights depend on: model.dim is 32 in the checkpoint, 64 asked\n"
+    assert (
+        code == 2
+        and err
+        == f"error: resume={run_dir}: cannot change what the weights depend on: model.dim is 32 in the checkpoint, 64 asked\n"
+    )
 
 
 def test_average_of_the_last_checkpoints(finished, tmp_path, capsys):
@@ -172,7 +218,11 @@ def test_average_of_the_last_checkpoints(finished, tmp_path, capsys):
             torch.testing.assert_close(value, sum(p[key] for p in parts) / 3, rtol=0, atol=1e-6)
     source = tmp_path / "in.txt"
     source.write_text("ze bo\n\n")
-    code, _, err = cli(translate.main, [f"checkpoint={tmp_path}/avg.pt", f"input={source}", f"output={tmp_path}/out.txt", "decode.max_len_b=3"], capsys)
+    code, _, err = cli(
+        translate.main,
+        [f"checkpoint={tmp_path}/avg.pt", f"input={source}", f"output={tmp_path}/out.txt", "decode.max_len_b=3"],
+        capsys,
+    )
     assert code == 0, err
     assert len((tmp_path / "out.txt").read_text().split("\n")) == 3
     code, _, err = cli(average.main, [f"run={run_dir}", "last=9"], capsys)

@@ -24,27 +24,44 @@ def test_max_time_stops_after_the_first_update_past_it(toy_dir, cache, tmp_path)
     results = Trainer(cfg, tmp_path / "run", log=lambda line: None).fit()
     assert results["steps"] == 1 and results["timed_out"]
     written = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert written["steps"] == 1 and "valid_bleu" in written and written["best"]["step"] == 1  # validated and saved as at max_steps
+    assert (
+        written["steps"] == 1 and "valid_bleu" in written and written["best"]["step"] == 1
+    )  # validated and saved as at max_steps
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
 
 
 def test_progress_lines_go_to_train_log(toy_dir, cache, tmp_path):
     cfg = tiny_config(toy_dir, cache, max_steps=4, log_every=2, valid_every=100)
     Trainer(cfg, tmp_path / "run", log=lambda line: None).fit()
-    lines = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if line.startswith("step ") and "tok/s" in line]
+    lines = [
+        line
+        for line in (tmp_path / "run" / "train.log").read_text().splitlines()
+        if line.startswith("step ") and "tok/s" in line
+    ]
     assert [line.split(" |")[0] for line in lines] == ["step 2/4", "step 4/4"]
-    assert all(" | epoch 0." in line and " loss " in line and " ppl " in line and " lr " in line and "ETA" in line for line in lines), lines
+    assert all(
+        " | epoch 0." in line and " loss " in line and " ppl " in line and " lr " in line and "ETA" in line
+        for line in lines
+    ), lines
 
 
 def test_accumulated_batches_give_the_update_of_one_batch_holding_them(toy_dir, cache, tmp_path):
     pairs = [([5, 6, 7, 8], [9, 10]), ([11, 12], [13, 14, 15, 16, 17]), ([18, 19, 20], [21]), ([22], [23, 24, 25])]
-    parts = [make_batch([s for s, _ in pairs[:2]], [t for _, t in pairs[:2]]), make_batch([s for s, _ in pairs[2:]], [t for _, t in pairs[2:]])]
+    parts = [
+        make_batch([s for s, _ in pairs[:2]], [t for _, t in pairs[:2]]),
+        make_batch([s for s, _ in pairs[2:]], [t for _, t in pairs[2:]]),
+    ]
     whole = make_batch([s for s, _ in pairs], [t for _, t in pairs])
     grads = []
     for name, batches in (("a", parts), ("b", [whole])):
-        trainer = Trainer(tiny_config(toy_dir, cache, lr=1e-2, warmup=0, schedule="constant"), tmp_path / name, log=lambda line: None)
+        trainer = Trainer(
+            tiny_config(toy_dir, cache, lr=1e-2, warmup=0, schedule="constant"), tmp_path / name, log=lambda line: None
+        )
         step = trainer.precision.step
-        trainer.precision.step = lambda optimizer: (grads.append([p.grad.clone() for p in trainer.model.parameters()]), step(optimizer))
+        trainer.precision.step = lambda optimizer: (
+            grads.append([p.grad.clone() for p in trainer.model.parameters()]),
+            step(optimizer),
+        )
         assert trainer.train_step(batches) is not None
     assert len(grads) == 2
     for a, b in zip(*grads):  # the gradient of the update (Adam's first step then turns it into about lr * sign(g))
@@ -56,18 +73,27 @@ def test_fp16_needs_cuda_and_bf16_trains_on_a_cpu(toy_dir, cache, tmp_path):
         Trainer(tiny_config(toy_dir, cache, precision="fp16", device="cpu"), tmp_path / "a", log=lambda line: None)
     assert not (tmp_path / "a").exists()
     common = dict(max_steps=30, valid_every=30, lr=3e-3, warmup=5)
-    results = Trainer(tiny_config(toy_dir, cache, precision="bf16", **common), tmp_path / "b", log=lambda line: None).fit()
-    exact = Trainer(tiny_config(toy_dir, cache, precision="fp32", **common), tmp_path / "c", log=lambda line: None).fit()
+    results = Trainer(
+        tiny_config(toy_dir, cache, precision="bf16", **common), tmp_path / "b", log=lambda line: None
+    ).fit()
+    exact = Trainer(
+        tiny_config(toy_dir, cache, precision="fp32", **common), tmp_path / "c", log=lambda line: None
+    ).fit()
     assert results["steps"] == 30 and results["precision"] == "bf16"
     # it learns: validation loss far below an untrained model's (ln of the vocabulary, 5.3 for 200 words) and
     # within 10% of the same run in fp32
-    assert results["valid_loss"] < 0.8 * exact["valid_loss"] + 0.2 * 5.3 and abs(results["valid_loss"] - exact["valid_loss"]) < 0.1 * exact["valid_loss"]
+    assert (
+        results["valid_loss"] < 0.8 * exact["valid_loss"] + 0.2 * 5.3
+        and abs(results["valid_loss"] - exact["valid_loss"]) < 0.1 * exact["valid_loss"]
+    )
     assert exact["valid_loss"] < 4.0
     weights = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(v.dtype == torch.float32 for v in weights.values() if v.is_floating_point())  # fp32 master weights
 
 
-CPUINFO_X86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme sse2 avx2 avx512f {extra} xsave\n\nprocessor\t: 1\n"
+CPUINFO_X86 = (
+    "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme sse2 avx2 avx512f {extra} xsave\n\nprocessor\t: 1\n"
+)
 
 
 def test_the_cpu_flags_tell_bf16_hardware():
@@ -96,13 +122,17 @@ def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypa
 def test_two_processes_reach_the_parameters_of_one_with_the_same_global_batch(toy_dir, cache, tmp_path):
     """torchrun's view, made by hand: RANK/WORLD_SIZE in the environment, gloo on CPU, 2 processes of 1 thread."""
     common = dict(max_steps=4, valid_every=100, save_every=100, lr=3e-3, warmup=2, batch_tokens=300, threads=1)
-    Trainer(tiny_config(toy_dir, cache, accumulate=2, **common), tmp_path / "one", log=lambda line: None).fit()  # builds the cache first
+    Trainer(
+        tiny_config(toy_dir, cache, accumulate=2, **common), tmp_path / "one", log=lambda line: None
+    ).fit()  # builds the cache first
     port = 29500 + os.getpid() % 1000
     children = []
     for rank in (0, 1):
 
         def work(rank=rank):
-            os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            os.environ.update(
+                RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+            )
             Trainer(tiny_config(toy_dir, cache, **common), tmp_path / "two", log=lambda line: None).fit()
             os._exit(0)
 
@@ -114,4 +144,6 @@ def test_two_processes_reach_the_parameters_of_one_with_the_same_global_batch(to
     for key, value in one["model"].items():
         torch.testing.assert_close(two["model"][key], value, rtol=1e-4, atol=1e-5)
     results = json.loads((tmp_path / "two" / "results.json").read_text())
-    assert results["world_size"] == 2 and len((tmp_path / "two" / "train.log").read_text().split("model: ")) == 2  # rank 0 writes alone
+    assert (
+        results["world_size"] == 2 and len((tmp_path / "two" / "train.log").read_text().split("model: ")) == 2
+    )  # rank 0 writes alone

@@ -62,7 +62,9 @@ def test_padding_does_not_change_a_sentence():
         together = model(batch.src, batch.src_mask, batch.tgt_in)
         for row in range(batch.src.size(0)):
             s, t = int(batch.src_mask[row].sum()), int((batch.tgt_out[row] != 0).sum())
-            alone = model(batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], batch.tgt_in[row : row + 1, :t])
+            alone = model(
+                batch.src[row : row + 1, :s], batch.src_mask[row : row + 1, :s], batch.tgt_in[row : row + 1, :t]
+            )
             torch.testing.assert_close(alone[0], together[row, :t], atol=1e-5, rtol=1e-5)
 
 
@@ -81,7 +83,9 @@ def test_tied_embeddings_share_one_matrix():
     model = tiny()
     assert model.decoder.output.weight is model.decoder.embed.tokens.weight
     assert model.encoder.embed is model.decoder.embed
-    untied = build_model(ModelConfig(dim=32, layers=1, heads=4, ffn_dim=64, tie_embeddings=False), VOCAB, VOCAB, joint=True)
+    untied = build_model(
+        ModelConfig(dim=32, layers=1, heads=4, ffn_dim=64, tie_embeddings=False), VOCAB, VOCAB, joint=True
+    )
     assert untied.decoder.output.weight is not untied.decoder.embed.tokens.weight
 
 
@@ -93,7 +97,10 @@ def test_learns_to_reverse_sequences():
     g = torch.Generator().manual_seed(1)
 
     def sample(n):
-        seqs = [torch.randint(4, VOCAB, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+        seqs = [
+            torch.randint(4, VOCAB, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)
+        ]
         return seqs, [s[::-1] for s in seqs]
 
     for _ in range(300):
@@ -116,7 +123,17 @@ def test_learns_the_toy_task(toy_dir, tmp_path):
     from nmt.training.trainer import Trainer
     from tests.conftest import tiny_config
 
-    cfg = tiny_config(toy_dir, tmp_path / "cache", max_steps=250, batch_tokens=1500, lr=3e-3, warmup=60, valid_every=250, save_every=250, valid_bleu_sentences=100)
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path / "cache",
+        max_steps=250,
+        batch_tokens=1500,
+        lr=3e-3,
+        warmup=60,
+        valid_every=250,
+        save_every=250,
+        valid_bleu_sentences=100,
+    )
     cfg.data.spm_model, cfg.data.vocab_size = "bpe", 300
     cfg.model.dim, cfg.model.ffn_dim, cfg.model.heads = 64, 128, 4
     results = Trainer(cfg, tmp_path / "run", log=lambda _: None).fit()
@@ -134,6 +151,8 @@ def test_explicit_attention_products_equal_sdpa(monkeypatch):
         with monkeypatch.context() as patch:
             patch.setattr(T, "explicit_products", lambda q, dropout: True)
             explicit = model(batch.src, batch.src_mask, batch.tgt_in)
-    assert not T.explicit_products(torch.zeros(1), 0.0) and T.explicit_products(torch.zeros(1, dtype=torch.bfloat16), 0.0)
+    assert not T.explicit_products(torch.zeros(1), 0.0) and T.explicit_products(
+        torch.zeros(1, dtype=torch.bfloat16), 0.0
+    )
     assert T.explicit_products(torch.zeros(1), 0.1)
     torch.testing.assert_close(explicit, sdpa, atol=1e-5, rtol=1e-5)

@@ -41,11 +41,31 @@ def checkpoint(tmp_path_factory, tokenizer):
 
 def mixed_lines() -> list[str]:
     long_line = " ".join(WORDS * 40)  # ~560 words, cut by decode.max_src_len
-    return ["the cat sat", "", NON_LATIN[0], "   ", long_line, NON_LATIN[1], "", "a dog", NON_LATIN[2], long_line + " red", NON_LATIN[3], ""]
+    return [
+        "the cat sat",
+        "",
+        NON_LATIN[0],
+        "   ",
+        long_line,
+        NON_LATIN[1],
+        "",
+        "a dog",
+        NON_LATIN[2],
+        long_line + " red",
+        NON_LATIN[3],
+        "",
+    ]
 
 
 def run_translate(capsys, checkpoint, source, tmp_path, *args, output="out.txt"):
-    argv = [f"checkpoint={checkpoint}", f"input={source}", f"output={tmp_path / output}", "decode.max_src_len=40", *FAST, *args]
+    argv = [
+        f"checkpoint={checkpoint}",
+        f"input={source}",
+        f"output={tmp_path / output}",
+        "decode.max_src_len=40",
+        *FAST,
+        *args,
+    ]
     code, out, err = cli(translate.main, argv, capsys)
     return code, err, (tmp_path / output)
 
@@ -55,7 +75,13 @@ def test_translator_keeps_lines_blank_lines_and_order(checkpoint, tokenizer):
 
     model, tok, _ = model_from_checkpoint(load_checkpoint(checkpoint), torch.device("cpu"))
     warnings = []
-    translator = Translator(model, tok, DecodeConfig(beam=3, max_len_a=0, max_len_b=4, max_src_len=40, batch_size=2), torch.device("cpu"), warnings.append)
+    translator = Translator(
+        model,
+        tok,
+        DecodeConfig(beam=3, max_len_a=0, max_len_b=4, max_src_len=40, batch_size=2),
+        torch.device("cpu"),
+        warnings.append,
+    )
     lines = mixed_lines()
     results = translator.translate_lines(lines, first_line=101)
     assert len(results) == len(lines)
@@ -79,7 +105,9 @@ def test_file_with_blank_long_and_non_latin_lines_keeps_count_and_order(decode, 
     got = text.split("\n")[:-1]
     assert all(got[i] == "" for i, line in enumerate(lines) if not line.strip())
     # the same lines one at a time (chunks of one, batches of one) give the same outputs in the same places
-    code, err, alone = run_translate(capsys, checkpoint, source, tmp_path, *decode, "chunk_size=1", "decode.batch_size=1", output="alone.txt")
+    code, err, alone = run_translate(
+        capsys, checkpoint, source, tmp_path, *decode, "chunk_size=1", "decode.batch_size=1", output="alone.txt"
+    )
     assert code == 0, err
     if decode != ["decode=sampling"]:  # samples depend on the batch they are drawn in
         assert alone.read_text(encoding="utf-8").split("\n")[:-1] == got
@@ -88,7 +116,9 @@ def test_file_with_blank_long_and_non_latin_lines_keeps_count_and_order(decode, 
 def test_nbest_output_format(checkpoint, tmp_path, capsys):
     lines = ["the cat sat", "", "a big dog runs", NON_LATIN[1]]
     source = write(tmp_path / "in.txt", lines)
-    code, err, out = run_translate(capsys, checkpoint, source, tmp_path, "decode=beam", "decode.beam=4", "decode.nbest=3")
+    code, err, out = run_translate(
+        capsys, checkpoint, source, tmp_path, "decode=beam", "decode.beam=4", "decode.nbest=3"
+    )
     assert code == 0, err
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").split("\n")[:-1]]
     assert len(rows) == 3 * len(lines) and all(len(r) == 3 for r in rows)
@@ -112,14 +142,30 @@ def test_attention_output_and_plots(suffix, checkpoint, tokenizer, tmp_path, cap
     source = write(tmp_path / "in.txt", lines)
     attn_path, plots = tmp_path / f"attn{suffix}", tmp_path / "plots"
     code, err, _ = run_translate(
-        capsys, checkpoint, source, tmp_path, "decode=beam", f"attention_out={attn_path}", f"plot_dir={plots}", "plot_n=2", "chunk_size=3"
+        capsys,
+        checkpoint,
+        source,
+        tmp_path,
+        "decode=beam",
+        f"attention_out={attn_path}",
+        f"plot_dir={plots}",
+        "plot_n=2",
+        "chunk_size=3",
     )
     assert code == 0, err
     if suffix == ".jsonl":
         records = [json.loads(line) for line in attn_path.read_text(encoding="utf-8").splitlines()]
     else:
         with np.load(attn_path) as npz:  # allow_pickle stays False: only numbers and strings inside
-            records = [{"index": i, "src": npz[f"src_{i}"].tolist(), "tgt": npz[f"tgt_{i}"].tolist(), "attention": npz[f"attn_{i}"]} for i in range(len(lines))]
+            records = [
+                {
+                    "index": i,
+                    "src": npz[f"src_{i}"].tolist(),
+                    "tgt": npz[f"tgt_{i}"].tolist(),
+                    "attention": npz[f"attn_{i}"],
+                }
+                for i in range(len(lines))
+            ]
     assert [r["index"] for r in records] == list(range(len(lines)))
     for line, record in zip(lines, records):
         matrix = np.asarray(record["attention"], dtype=float).reshape(len(record["tgt"]), len(record["src"]))
@@ -136,7 +182,9 @@ def test_no_output_file_is_left_behind_on_failure(checkpoint, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_bytes("the cat\n".encode() * 4 + b"bad \xff byte\n" + b"a dog\n")
     write(tmp_path / "out.txt", ["an earlier translation"])
-    code, err, out = run_translate(capsys, checkpoint, source, tmp_path, "chunk_size=2", f"attention_out={tmp_path / 'attn.jsonl'}")
+    code, err, out = run_translate(
+        capsys, checkpoint, source, tmp_path, "chunk_size=2", f"attention_out={tmp_path / 'attn.jsonl'}"
+    )
     assert code == 2 and "in.txt:5: invalid UTF-8" in err
     assert out.read_text() == "an earlier translation\n"  # untouched
     assert not (tmp_path / "attn.jsonl").exists()
@@ -165,11 +213,19 @@ def test_input_is_read_in_chunks(checkpoint, tmp_path, capsys, monkeypatch):
 def test_reduced_precision_keeps_every_line_and_reports_speed(precision, checkpoint, tmp_path, capsys):
     lines = mixed_lines()
     source = write(tmp_path / "in.txt", lines)
-    code, err, out = run_translate(capsys, checkpoint, source, tmp_path, "decode=beam", f"decode.precision={precision}", "threads=1")
+    code, err, out = run_translate(
+        capsys, checkpoint, source, tmp_path, "decode=beam", f"decode.precision={precision}", "threads=1"
+    )
     assert code == 0, err
     assert out.read_text(encoding="utf-8").count("\n") == len(lines)
-    speed = err.strip().splitlines()[-1]  # translated 9 sentences in 0.4s: 22.1 sentences/s, 150 tokens/s (beam=5 ... precision=int8, 1 threads)
-    assert speed.startswith(f"translated {sum(1 for line in lines if line.strip())} sentences in ") and "sentences/s" in speed and "tokens/s" in speed
+    speed = err.strip().splitlines()[
+        -1
+    ]  # translated 9 sentences in 0.4s: 22.1 sentences/s, 150 tokens/s (beam=5 ... precision=int8, 1 threads)
+    assert (
+        speed.startswith(f"translated {sum(1 for line in lines if line.strip())} sentences in ")
+        and "sentences/s" in speed
+        and "tokens/s" in speed
+    )
     assert f"precision={precision}" in speed
 
 
@@ -179,11 +235,20 @@ def test_progress_bar_counts_the_input_lines(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"one\ntwo\n\nfour")  # no newline at the end
     (tmp_path / "b.txt.gz").write_bytes(gzip.compress(b"one\ntwo\n"))
     (tmp_path / "c.txt").write_bytes(b"")
-    assert [translate.count_lines(str(tmp_path / n)) for n in ("a.txt", "b.txt.gz", "c.txt", "missing.txt")] == [4, 2, 0, None]
+    assert [translate.count_lines(str(tmp_path / n)) for n in ("a.txt", "b.txt.gz", "c.txt", "missing.txt")] == [
+        4,
+        2,
+        0,
+        None,
+    ]
 
 
 def test_checkpoint_lists_reach_hydra_as_one_value():
-    assert translate.checkpoint_list(["checkpoint=a.pt,b.pt", "decode.beam=5", "checkpoint='x,y'"]) == ["checkpoint=a.pt\\,b.pt", "decode.beam=5", "checkpoint='x,y'"]
+    assert translate.checkpoint_list(["checkpoint=a.pt,b.pt", "decode.beam=5", "checkpoint='x,y'"]) == [
+        "checkpoint=a.pt\\,b.pt",
+        "decode.beam=5",
+        "checkpoint='x,y'",
+    ]
 
 
 @pytest.mark.parametrize("bad", ["decode.top_p=0", "decode.temperature=0", "decode.beam=0", "chunk_size=0"])

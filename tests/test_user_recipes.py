@@ -26,7 +26,9 @@ def test_a_user_recipe_folder_adds_recipes(tmp_path, monkeypatch):
     cfg = compose("config", ["experiment=tiny_toy"])
     assert (cfg.model.arch, cfg.model.dim, cfg.train.max_steps, cfg.data.name) == ("luong", 48, 7, "toy")
     assert compose("config", ["model=wide_luong"]).model.dim == 512
-    assert "tiny_toy" in group_options()["experiment"] and "quickstart" in group_options()["experiment"]  # added, not replaced
+    assert (
+        "tiny_toy" in group_options()["experiment"] and "quickstart" in group_options()["experiment"]
+    )  # added, not replaced
 
 
 def test_a_missing_user_recipe_folder_is_one_line(tmp_path, monkeypatch, capsys):

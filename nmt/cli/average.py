@@ -20,7 +20,14 @@ The result translates like any checkpoint. Example:
 
 
 def main(argv: list[str]) -> None:
-    from nmt.training.checkpoint import FORMAT, average_weights, checkpoint_config, load_checkpoint, step_checkpoints, write_payload
+    from nmt.training.checkpoint import (
+        FORMAT,
+        average_weights,
+        checkpoint_config,
+        load_checkpoint,
+        step_checkpoints,
+        write_payload,
+    )
 
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
@@ -30,16 +37,26 @@ def main(argv: list[str]) -> None:
         raise NmtError(f"run={cfg.run}: no checkpoints/ folder there; expected a run dir written by nmt-train")
     found = step_checkpoints(folder)
     if len(found) < cfg.last:
-        raise NmtError(f"last={cfg.last}: {cfg.run} has only {len(found)} step checkpoints (train.keep_last sets how many a run keeps)")
+        raise NmtError(
+            f"last={cfg.last}: {cfg.run} has only {len(found)} step checkpoints (train.keep_last sets how many a run keeps)"
+        )
     paths = list(found.values())[-cfg.last :]
     output = Path(cfg.output) if cfg.output is not None else folder / "average.pt"
     check_outputs({"run": ",".join(map(str, paths))}, {"output": output})
     payloads = [load_checkpoint(p) for p in paths]
     newest_model = checkpoint_config(payloads[-1]).model
     for payload in payloads[:-1]:
-        what = "model config" if checkpoint_config(payload).model != newest_model else "tokenizer" if payload["tokenizer"] != payloads[-1]["tokenizer"] else None
+        what = (
+            "model config"
+            if checkpoint_config(payload).model != newest_model
+            else "tokenizer"
+            if payload["tokenizer"] != payloads[-1]["tokenizer"]
+            else None
+        )
         if what:
-            raise NmtError(f"{payload['path']}: its {what} differs from {payloads[-1]['path']}'s; only checkpoints of one model can be averaged")
+            raise NmtError(
+                f"{payload['path']}: its {what} differs from {payloads[-1]['path']}'s; only checkpoints of one model can be averaged"
+            )
     newest = payloads[-1]
     averaged = {
         "format": FORMAT,

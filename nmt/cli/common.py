@@ -12,13 +12,31 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from nmt.config import AverageConfig, CompareConfig, Config, EvaluateConfig, ExportConfig, ServeConfig, TranslateConfig, register_configs, to_object
+from nmt.config import (
+    AverageConfig,
+    CompareConfig,
+    Config,
+    EvaluateConfig,
+    ExportConfig,
+    ServeConfig,
+    TranslateConfig,
+    register_configs,
+    to_object,
+)
 from nmt.errors import NmtError
 from nmt.memory import tune_allocator
 
 
 # The schema behind each top-level recipe, to list the valid keys when an override names an unknown one.
-SCHEMAS = {"config": Config, "translate": TranslateConfig, "evaluate": EvaluateConfig, "average": AverageConfig, "serve": ServeConfig, "compare": CompareConfig, "export": ExportConfig}
+SCHEMAS = {
+    "config": Config,
+    "translate": TranslateConfig,
+    "evaluate": EvaluateConfig,
+    "average": AverageConfig,
+    "serve": ServeConfig,
+    "compare": CompareConfig,
+    "export": ExportConfig,
+}
 
 
 PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # nmt/recipes, installed with the package
@@ -27,7 +45,9 @@ PACKAGED_RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # nmt/recipe
 def recipes_dir() -> Path:
     """The recipes that come with the package (nmt/recipes)."""
     if not (PACKAGED_RECIPES / "config.yaml").is_file():
-        raise NmtError(f"the packaged recipes are missing ({PACKAGED_RECIPES}); reinstall the package: pip install --force-reinstall nmt-attention")
+        raise NmtError(
+            f"the packaged recipes are missing ({PACKAGED_RECIPES}); reinstall the package: pip install --force-reinstall nmt-attention"
+        )
     return PACKAGED_RECIPES
 
 
@@ -37,7 +57,9 @@ def user_recipe_dirs() -> list[Path]:
     dirs = [Path(p).expanduser() for p in os.environ.get("NMT_RECIPES", "").split(os.pathsep) if p.strip()]
     for folder in dirs:
         if not folder.is_dir():
-            raise NmtError(f"NMT_RECIPES={os.environ['NMT_RECIPES']}: {folder} is not a folder; expected folders of recipes (GROUP/NAME.yaml)")
+            raise NmtError(
+                f"NMT_RECIPES={os.environ['NMT_RECIPES']}: {folder} is not a folder; expected folders of recipes (GROUP/NAME.yaml)"
+            )
     return dirs
 
 
@@ -56,7 +78,11 @@ def compose(config_name: str, overrides: list[str]):
     register_configs()
     check_group_choices(overrides)
     try:
-        searchpath = [f"hydra.searchpath=[{','.join('file://' + str(p.resolve()) for p in user_recipe_dirs())}]"] if user_recipe_dirs() else []
+        searchpath = (
+            [f"hydra.searchpath=[{','.join('file://' + str(p.resolve()) for p in user_recipe_dirs())}]"]
+            if user_recipe_dirs()
+            else []
+        )
         with initialize_config_dir(str(recipes_dir()), version_base="1.3", job_name="nmt"):
             cfg = hydra_compose(config_name=config_name, overrides=searchpath + overrides)
         obj = to_object(cfg)
@@ -72,7 +98,9 @@ def check_group_choices(overrides: list[str]) -> None:
     for override in overrides:
         name, _, value = override.lstrip("+~").partition("=")
         if name in groups and value not in groups[name] and value != "null":
-            raise NmtError(f"{name}={value}: no such recipe in recipes/{name}/; expected one of {', '.join(groups[name])}")
+            raise NmtError(
+                f"{name}={value}: no such recipe in recipes/{name}/; expected one of {', '.join(groups[name])}"
+            )
 
 
 def check_known_keys(obj: object, path: str = "") -> None:
@@ -86,7 +114,9 @@ def check_known_keys(obj: object, path: str = "") -> None:
             check_known_keys(value, f"{path}{name}.")
 
 
-_WRONG_TYPE = re.compile(r"Error merging override (\S+=.*?): Value .* (?:could not be converted to|is not a valid) (\w+)")
+_WRONG_TYPE = re.compile(
+    r"Error merging override (\S+=.*?): Value .* (?:could not be converted to|is not a valid) (\w+)"
+)
 _TYPE_WORDS = {"Integer": "a whole number", "Float": "a number", "bool": "true or false"}
 
 
@@ -104,7 +134,9 @@ def compose_error(err: Exception, config_name: str) -> str:
     message = _one_line(str(err))
     if cause is not err:
         message += f": {str(cause).splitlines()[0]}"
-    if wrong_type := _WRONG_TYPE.match(message):  # "Error merging override K=V: Value 'V' of type 'str' could not be converted to Integer"
+    if wrong_type := _WRONG_TYPE.match(
+        message
+    ):  # "Error merging override K=V: Value 'V' of type 'str' could not be converted to Integer"
         override, wanted = wrong_type.groups()
         return f"{override}: expected {_TYPE_WORDS.get(wanted, wanted.lower())}"
     return message

@@ -39,7 +39,10 @@ Holm's correction. train.max_time counts training only (train.budget_clock=wall|
 
 COMPARE_KEYS = {f.name for f in fields(CompareConfig)} | {"experiment"}
 LIST_KEYS = ("variants", "seeds", "heatmap_lines")
-OVERRIDE_LISTS = ("overrides.", "shared")  # lists of KEY=VALUE: `overrides.x=[model=luong,model.score=dot]` is quoted for Hydra
+OVERRIDE_LISTS = (
+    "overrides.",
+    "shared",
+)  # lists of KEY=VALUE: `overrides.x=[model=luong,model.score=dot]` is quoted for Hydra
 
 
 def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -53,8 +56,18 @@ def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
         if key.split(".")[0] in COMPARE_KEYS:
             if key in LIST_KEYS and not value.startswith("["):
                 argument = f"{key}=[{value}]"
-            elif key.startswith(OVERRIDE_LISTS) and value.startswith("[") and value.endswith("]") and not set("'\"") & set(value):
-                argument = argument.split("=", 1)[0] + "=[" + ",".join(f"'{item.strip()}'" for item in value[1:-1].split(",") if item.strip()) + "]"
+            elif (
+                key.startswith(OVERRIDE_LISTS)
+                and value.startswith("[")
+                and value.endswith("]")
+                and not set("'\"") & set(value)
+            ):
+                argument = (
+                    argument.split("=", 1)[0]
+                    + "=["
+                    + ",".join(f"'{item.strip()}'" for item in value[1:-1].split(",") if item.strip())
+                    + "]"
+                )
             if key.startswith("overrides."):
                 argument = "++" + argument.lstrip("+")  # defines a new variant or replaces one
             mine.append(argument)
@@ -68,7 +81,9 @@ def plan_runs(cfg: CompareConfig, out: Path) -> list[PlannedRun]:
     bases = {}
     for name in cfg.selected():
         try:
-            bases[name] = compose("config", merge_overrides(cfg.shared, cfg.overrides[name], cfg.extra, ["train.progress=false"]))
+            bases[name] = compose(
+                "config", merge_overrides(cfg.shared, cfg.overrides[name], cfg.extra, ["train.progress=false"])
+            )
         except NmtError as err:
             raise NmtError(f"variant {name}: {err}") from None
     plans = []
@@ -107,7 +122,9 @@ def main(argv: list[str]) -> None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     mine, extra = split_arguments(argv)
-    where = compose("compare", [a for a in mine if override_key(a) in ("out", "report_only")])  # the rest may need the saved plan
+    where = compose(
+        "compare", [a for a in mine if override_key(a) in ("out", "report_only")]
+    )  # the rest may need the saved plan
     if where.report_only:
         from nmt.compare.report import build_report, check_scored
 
@@ -122,7 +139,9 @@ def main(argv: list[str]) -> None:
     cfg: CompareConfig = compose("compare", mine)
     out = Path(cfg.out)
     if not cfg.overrides:
-        raise NmtError("no variants to compare: give experiment=NAME (recipes/experiment/compare_*.yaml) or overrides.NAME=[KEY=VALUE,...]")
+        raise NmtError(
+            "no variants to compare: give experiment=NAME (recipes/experiment/compare_*.yaml) or overrides.NAME=[KEY=VALUE,...]"
+        )
     cfg.extra = extra
     run_comparison(cfg, out, "nmt-compare " + shlex.join(argv))
 
@@ -140,7 +159,9 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
 
     plans = plan_runs(cfg, out)
     if cfg.baseline and cfg.baseline != cfg.baseline_name():
-        print(f"nmt-compare: baseline={cfg.baseline} is not among the variants run; testing against {cfg.baseline_name()}")
+        print(
+            f"nmt-compare: baseline={cfg.baseline} is not among the variants run; testing against {cfg.baseline_name()}"
+        )
     with comparison_lock(out):
         test, align = prepare_test(cfg, plans[0].config.data, out)
         if any(run_state(p.run_dir) == "new" for p in plans):  # one tokenizer, trained here before any run starts
@@ -148,10 +169,14 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
         cfg.align, cfg.heatmap_lines, cfg.baseline = align, test.heatmap_lines, cfg.baseline_name()
         with atomic_open(out / PLAN, key="out") as f:
             f.write(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        sessions = read_sessions(out) + [{"command": command, "started": datetime.now().isoformat(timespec="seconds"), "environment": environment()}]
+        sessions = read_sessions(out) + [
+            {"command": command, "started": datetime.now().isoformat(timespec="seconds"), "environment": environment()}
+        ]
         write_session(out, sessions)
-        print(f"nmt-compare: {len(cfg.selected())} variants x {len(cfg.seeds)} seeds = {len(plans)} runs, {cfg.jobs} at a time; budget {budget(plans[0].config)} each; "
-              f"baseline {cfg.baseline}; test set {len(test.src)} sentences{' with gold alignments' if test.gold else ''}; out {out}")
+        print(
+            f"nmt-compare: {len(cfg.selected())} variants x {len(cfg.seeds)} seeds = {len(plans)} runs, {cfg.jobs} at a time; budget {budget(plans[0].config)} each; "
+            f"baseline {cfg.baseline}; test set {len(test.src)} sentences{' with gold alignments' if test.gold else ''}; out {out}"
+        )
         start = time.perf_counter()
         try:
             if cfg.launcher == "local":

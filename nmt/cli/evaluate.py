@@ -56,8 +56,15 @@ def main(argv: list[str]) -> None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     cfg = compose("evaluate", checkpoint_list(argv))
-    check_outputs({"checkpoint": checkpoint_files(cfg.checkpoint) if cfg.checkpoint else None, "src": cfg.src, "ref": cfg.ref, "hyp": cfg.hyp},
-                  {"hyp_out": cfg.hyp_out})
+    check_outputs(
+        {
+            "checkpoint": checkpoint_files(cfg.checkpoint) if cfg.checkpoint else None,
+            "src": cfg.src,
+            "ref": cfg.ref,
+            "hyp": cfg.hyp,
+        },
+        {"hyp_out": cfg.hyp_out},
+    )
     if cfg.hyp is not None:
         if cfg.ref is None:
             raise NmtError("hyp=FILE needs ref=FILE")

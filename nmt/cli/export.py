@@ -35,7 +35,9 @@ def main(argv: list[str]) -> None:
     check_outputs({"checkpoint": payload["path"]}, {"out": cfg.out}, folders=("out",))
     model, tokenizer, train_cfg = model_from_checkpoint(payload, torch.device("cpu"))
     out = export_ctranslate2(model, train_cfg, tokenizer, cfg.out, cfg.quantization, cfg.max_positions, payload["path"])
-    print(f"wrote {out} ({cfg.format}, {cfg.quantization or 'float32'} weights) from {payload['path']}", file=sys.stderr)
+    print(
+        f"wrote {out} ({cfg.format}, {cfg.quantization or 'float32'} weights) from {payload['path']}", file=sys.stderr
+    )
 
 
 def entry() -> None:

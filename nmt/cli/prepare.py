@@ -28,7 +28,9 @@ def main(argv: list[str]) -> None:
         fetch_multi30k(cfg.data.root, (cfg.data.src, cfg.data.tgt))
     prepared = prepare_data(cfg.data)
     tok = prepared.tokenizer
-    print(f"tokenizer: {cfg.data.spm_model}, {'joint' if tok.joint else 'separate'} vocabulary {tok.src_vocab_size}/{tok.tgt_vocab_size}")
+    print(
+        f"tokenizer: {cfg.data.spm_model}, {'joint' if tok.joint else 'separate'} vocabulary {tok.src_vocab_size}/{tok.tgt_vocab_size}"
+    )
     for name, split in prepared.splits.items():
         print(f"{name}: {len(split)} pairs")
     print(f"cache: {prepared.cache_path}")

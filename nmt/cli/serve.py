@@ -58,7 +58,9 @@ def serve(cfg: ServeConfig) -> None:
         from nmt.serve.app import create_app
         from nmt.serve.models import load_model
     except ImportError as err:
-        raise NmtError(f"nmt-serve needs the serve extra ({err.name} is missing): pip install 'nmt-attention[serve]'") from None
+        raise NmtError(
+            f"nmt-serve needs the serve extra ({err.name} is missing): pip install 'nmt-attention[serve]'"
+        ) from None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device, key="device")
@@ -72,8 +74,13 @@ def serve(cfg: ServeConfig) -> None:
     where = f"[{host}]" if ":" in host else host
     print(f"nmt-serve: serving http://{where}:{port}/ (Ctrl-C stops)", flush=True)
     if cfg.host not in LOOPBACK:
-        print(f"nmt-serve: warning: host={cfg.host} accepts connections from other machines; there is no authentication", file=sys.stderr)
-    config = uvicorn.Config(app, log_level="info" if cfg.serve.access_log else "warning", access_log=cfg.serve.access_log)
+        print(
+            f"nmt-serve: warning: host={cfg.host} accepts connections from other machines; there is no authentication",
+            file=sys.stderr,
+        )
+    config = uvicorn.Config(
+        app, log_level="info" if cfg.serve.access_log else "warning", access_log=cfg.serve.access_log
+    )
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then raises it again

@@ -34,7 +34,11 @@ FREE_MODEL_KEYS = ("model.dropout",)
 
 def fixed_keys(cfg: Config) -> list[str]:
     """The flattened keys a checkpoint's weights and tokenizer fix: the model's shape and the vocabulary."""
-    return [k for k in _flatten(asdict(cfg)) if (k.startswith("model.") and k not in FREE_MODEL_KEYS) or k in VOCABULARY_KEYS]
+    return [
+        k
+        for k in _flatten(asdict(cfg))
+        if (k.startswith("model.") and k not in FREE_MODEL_KEYS) or k in VOCABULARY_KEYS
+    ]
 
 
 def mismatches(saved: Config, asked: Config, keys: list[str]) -> list[str]:
@@ -53,7 +57,9 @@ def resume_config(run_dir: Path, overrides: list[str], saved: Config) -> Config:
     """The run's checkpointed config with KEY.SUB=VALUE overrides (groups, model shape and vocabulary stay)."""
     keys = [o for o in overrides if not o.startswith("resume=")]
     if bad := [o for o in keys if "." not in o.split("=")[0] and not o.startswith("run_dir=")]:
-        raise NmtError(f"resume: cannot change a recipe group on resume ({', '.join(bad)}); only KEY.SUB=VALUE overrides")
+        raise NmtError(
+            f"resume: cannot change a recipe group on resume ({', '.join(bad)}); only KEY.SUB=VALUE overrides"
+        )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(saved), OmegaConf.from_dotlist(keys))
         cfg = OmegaConf.to_object(merged)
@@ -89,9 +95,13 @@ def init_from_config(cfg: Config, overrides: list[str], saved: Config) -> Config
     explicit = _explicit_keys(overrides, cfg)
     fixed = fixed_keys(saved)
     if bad := mismatches(saved, cfg, [k for k in fixed if k in explicit]):
-        raise NmtError(f"init_from={cfg.init_from}: the checkpoint does not match the model asked for: {'; '.join(bad)} "
-                       "(fine-tuning keeps the checkpoint's architecture and vocabulary; drop these overrides)")
-    cfg.model = replace(saved.model, **{k.split(".", 1)[1]: getattr(cfg.model, k.split(".", 1)[1]) for k in FREE_MODEL_KEYS})
+        raise NmtError(
+            f"init_from={cfg.init_from}: the checkpoint does not match the model asked for: {'; '.join(bad)} "
+            "(fine-tuning keeps the checkpoint's architecture and vocabulary; drop these overrides)"
+        )
+    cfg.model = replace(
+        saved.model, **{k.split(".", 1)[1]: getattr(cfg.model, k.split(".", 1)[1]) for k in FREE_MODEL_KEYS}
+    )
     for key in VOCABULARY_KEYS:
         name = key.split(".", 1)[1]
         setattr(cfg.data, name, getattr(saved.data, name))
@@ -107,7 +117,8 @@ def check_fetched(cfg: Config) -> None:
         if missing_files(cfg.data.root, multi30k_files((cfg.data.src, cfg.data.tgt))):
             raise NmtError(
                 f"data.root={cfg.data.root}: Multi30k is not there; run `nmt-prepare data={cfg.data.name}` once to download it, "
-                "or set data.root to a folder holding {train,val,test_2016_flickr}" + f".{{{cfg.data.src},{cfg.data.tgt}}}.gz"
+                "or set data.root to a folder holding {train,val,test_2016_flickr}"
+                + f".{{{cfg.data.src},{cfg.data.tgt}}}.gz"
             )
 
 
@@ -117,7 +128,9 @@ def resolve_auto_resume(argv: list[str]) -> list[str]:
         return argv
     run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")), None)
     if not run_dir:
-        raise NmtError("resume=auto needs run_dir=DIR: the run to continue if it holds checkpoints/last.pt, or to start")
+        raise NmtError(
+            "resume=auto needs run_dir=DIR: the run to continue if it holds checkpoints/last.pt, or to start"
+        )
     rest = [a for a in argv if a != "resume=auto"]
     if (Path(run_dir) / "checkpoints" / "last.pt").is_file():
         # the recipe groups (experiment=, model=, ...) were composed when the run started; the checkpoint holds them
@@ -134,11 +147,15 @@ def run_training(argv: list[str] | None, config: Config | None = None, log=None)
     from nmt.training.trainer import Trainer
 
     argv = resolve_auto_resume(argv or [])
-    resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None) if config is None else config.resume
+    resume = (
+        next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None) if config is None else config.resume
+    )
     payload = None
     if resume:
         if any(a.startswith("init_from=") for a in argv) or (config is not None and config.init_from):
-            raise NmtError("resume= and init_from= do not go together: resume continues a run, init_from starts a new one from a checkpoint")
+            raise NmtError(
+                "resume= and init_from= do not go together: resume continues a run, init_from starts a new one from a checkpoint"
+            )
         last = Path(resume) / "checkpoints" / LAST
         if not last.is_file():
             raise NmtError(f"resume={resume}: no checkpoints/{LAST} there; expected a run dir written by nmt-train")

@@ -45,12 +45,16 @@ process with N threads, with the same output. Sentences/s and output tokens/s ar
 """
 
 
-def start_workers(translator: Translator, checkpoint: str, device: str, workers: int, threads: int | None, stack: ExitStack) -> None:
+def start_workers(
+    translator: Translator, checkpoint: str, device: str, workers: int, threads: int | None, stack: ExitStack
+) -> None:
     """With workers > 1, the translator's batches are searched in that many processes (closed with `stack`)."""
     if workers == 1:
         return
     if translator.device.type != "cpu":
-        raise NmtError(f"workers={workers} on {translator.device}: workers are processes for CPU cores; expected workers=1 on a GPU")
+        raise NmtError(
+            f"workers={workers} on {translator.device}: workers are processes for CPU cores; expected workers=1 on a GPU"
+        )
     from nmt.workers import SearchPool
 
     translator.pool = stack.enter_context(SearchPool(checkpoint, translator.decode, device, workers, threads or 1))
@@ -71,13 +75,16 @@ def checkpoint_files(spec: str) -> str:
 
 def checkpoint_list(argv: list[str]) -> list[str]:
     """checkpoint=a.pt,b.pt kept as one value (Hydra reads an unquoted comma as a sweep over values)."""
-    return [arg.replace(",", "\\,") if arg.startswith("checkpoint=") and arg[11:12] not in ("'", '"', "[") else arg for arg in argv]
+    return [
+        arg.replace(",", "\\,") if arg.startswith("checkpoint=") and arg[11:12] not in ("'", '"', "[") else arg
+        for arg in argv
+    ]
 
 
 def count_lines(path: str) -> int | None:
     """The lines of a plain or gzipped file, for the progress bar (None if it cannot be read now)."""
     try:
-        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
             count, last = 0, b"\n"
             while block := f.read(1 << 20):
                 count, last = count + block.count(b"\n"), block[-1:]
@@ -110,7 +117,9 @@ def output_lines(translator: Translator, results: list[Translation], first_index
             yield f"{index}\t{hyp.norm_score:.4f}\t{one_line(next(texts))}"
 
 
-def translate_stream(cfg: TranslateConfig, translator: Translator, lines: Iterator[str], out: IO[str], stack: ExitStack) -> tuple[int, int]:
+def translate_stream(
+    cfg: TranslateConfig, translator: Translator, lines: Iterator[str], out: IO[str], stack: ExitStack
+) -> tuple[int, int]:
     """Translate and write `chunk_size` lines at a time; attention records and plots as asked.
 
     Returns the number of sentences translated (blank lines excluded) and of output tokens (best hypotheses).
@@ -120,7 +129,9 @@ def translate_stream(cfg: TranslateConfig, translator: Translator, lines: Iterat
     attention = stack.enter_context(attention_writer(cfg.attention_out)) if cfg.attention_out else None
     plots = HeatMaps(cfg.plot_dir, cfg.plot_n) if cfg.plot_dir else None
     total = count_lines(cfg.input) if cfg.input and cfg.progress else None
-    bar = stack.enter_context(tqdm(total=total, unit="line", file=sys.stderr, disable=None if cfg.input and cfg.progress else True))
+    bar = stack.enter_context(
+        tqdm(total=total, unit="line", file=sys.stderr, disable=None if cfg.input and cfg.progress else True)
+    )
     first = sentences = tokens = 0
     for chunk in chunks(lines, cfg.chunk_size):
         results = translator.translate_lines(chunk, first_line=first + 1, progress=bar.update)
@@ -144,8 +155,11 @@ def main(argv: list[str]) -> int | None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     cfg = compose("translate", checkpoint_list(argv))
-    check_outputs({"checkpoint": checkpoint_files(cfg.checkpoint), "input": cfg.input},
-                  {"output": cfg.output, "attention_out": cfg.attention_out, "plot_dir": cfg.plot_dir}, folders=("plot_dir",))
+    check_outputs(
+        {"checkpoint": checkpoint_files(cfg.checkpoint), "input": cfg.input},
+        {"output": cfg.output, "attention_out": cfg.attention_out, "plot_dir": cfg.plot_dir},
+        folders=("plot_dir",),
+    )
     threads = cfg.threads or (1 if cfg.workers > 1 else None)
     translator, _ = load_translator(cfg.checkpoint, cfg.decode, cfg.device, threads)
     lines = iter_lines(cfg.input)
@@ -159,8 +173,16 @@ def main(argv: list[str]) -> int | None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     seconds = max(time.perf_counter() - start, 1e-9)
-    print(f"translated {sentences} sentences in {seconds:.1f}s: {sentences / seconds:.1f} sentences/s, {tokens / seconds:.0f} tokens/s "
-          f"({decode_settings(cfg.decode)}, " + (f"{cfg.workers} workers x {threads} thread(s))" if cfg.workers > 1 else f"{torch.get_num_threads()} threads)"), file=sys.stderr)
+    print(
+        f"translated {sentences} sentences in {seconds:.1f}s: {sentences / seconds:.1f} sentences/s, {tokens / seconds:.0f} tokens/s "
+        f"({decode_settings(cfg.decode)}, "
+        + (
+            f"{cfg.workers} workers x {threads} thread(s))"
+            if cfg.workers > 1
+            else f"{torch.get_num_threads()} threads)"
+        ),
+        file=sys.stderr,
+    )
 
 
 def entry() -> None:

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-PROGRESS = re.compile(r"^step (\d+)/\d+ \| epoch [\d.]+ \| loss ([\d.]+|nan|inf) ppl \S+ \| lr \S+ \| [\d,]+ tok/s \| (\S+)")
+PROGRESS = re.compile(
+    r"^step (\d+)/\d+ \| epoch [\d.]+ \| loss ([\d.]+|nan|inf) ppl \S+ \| lr \S+ \| [\d,]+ tok/s \| (\S+)"
+)
 VALID = re.compile(r"^step (\d+) \| valid loss ([\d.]+|nan|inf) ppl (\S+) \| BLEU ([\d.]+) chrF ([\d.]+)")
 DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 

@@ -23,7 +23,14 @@ from nmt.compare.probe import ForcedAttention, forced_attention, forced_layer_at
 from nmt.data.tokenizer import Tokenizer
 from nmt.config import DecodeConfig
 from nmt.data.dataset import read_split
-from nmt.evaluation.alignment import AlignmentScore, GoldAlignment, argmax_links, merge_to_words, read_pharaoh, word_index
+from nmt.evaluation.alignment import (
+    AlignmentScore,
+    GoldAlignment,
+    argmax_links,
+    merge_to_words,
+    read_pharaoh,
+    word_index,
+)
 from nmt.evaluation.diagnostics import AttentionStats
 from nmt.evaluation.metrics import corpus_score
 from nmt.fileio import atomic_open
@@ -76,7 +83,9 @@ def test_digest(src: list[str], ref: list[str]) -> str:
     return hashlib.sha256("\n".join(src + ["\0"] + ref).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def word_positions(tokenizer: Tokenizer, src_ids: list[int], tgt_ids: list[int], src: str, ref: str) -> tuple[list[int], list[int]] | None:
+def word_positions(
+    tokenizer: Tokenizer, src_ids: list[int], tgt_ids: list[int], src: str, ref: str
+) -> tuple[list[int], list[int]] | None:
     """The word of each source and reference piece, or None where pieces and whitespace words disagree."""
     src_words = word_index([tokenizer.src.id_to_piece(i) for i in src_ids])
     tgt_words = word_index([tokenizer.tgt.id_to_piece(i) for i in tgt_ids])
@@ -85,8 +94,16 @@ def word_positions(tokenizer: Tokenizer, src_ids: list[int], tgt_ids: list[int],
     return src_words, tgt_words
 
 
-def heatmap_record(line: int, forced: ForcedAttention, words: tuple[list[int], list[int]] | None, tokenizer: Tokenizer,
-                   src_ids: list[int], tgt_ids: list[int], src: str, ref: str) -> dict:
+def heatmap_record(
+    line: int,
+    forced: ForcedAttention,
+    words: tuple[list[int], list[int]] | None,
+    tokenizer: Tokenizer,
+    src_ids: list[int],
+    tgt_ids: list[int],
+    src: str,
+    ref: str,
+) -> dict:
     """One sentence for the heat-map figure: reference words x (source words + </s>), or pieces when words do not fit."""
     if words is None:
         labels_src = [tokenizer.src.id_to_piece(i) for i in src_ids] + [END]
@@ -95,12 +112,16 @@ def heatmap_record(line: int, forced: ForcedAttention, words: tuple[list[int], l
         unit = "piece"
     else:
         src_words, tgt_words = words
-        matrix = merge_to_words(forced.attention, src_words + [max(src_words, default=-1) + 1], tgt_words)  # </s> as its own column
+        matrix = merge_to_words(
+            forced.attention, src_words + [max(src_words, default=-1) + 1], tgt_words
+        )  # </s> as its own column
         labels_src, labels_tgt, unit = src.split() + [END], ref.split(), "word"
     return {"line": line, "unit": unit, "src": labels_src, "tgt": labels_tgt, "attention": np.round(matrix, 4).tolist()}
 
 
-def alignment_score(attention: list[np.ndarray], words: list[tuple[list[int], list[int]] | None], gold: list[GoldAlignment]) -> dict:
+def alignment_score(
+    attention: list[np.ndarray], words: list[tuple[list[int], list[int]] | None], gold: list[GoldAlignment]
+) -> dict:
     """AER, precision, recall of argmax links against gold, with the sentences scored and skipped (pieces that do not
     merge into the whitespace words)."""
     score, skipped = AlignmentScore(), 0
@@ -112,14 +133,20 @@ def alignment_score(attention: list[np.ndarray], words: list[tuple[list[int], li
     return {**score.as_dict(), "scored": len(gold) - skipped, "skipped": skipped}
 
 
-def layer_alignment(model, tokenizer: Tokenizer, src: list[str], tgt: list[str], gold: list[GoldAlignment], device) -> list[dict] | None:
+def layer_alignment(
+    model, tokenizer: Tokenizer, src: list[str], tgt: list[str], gold: list[GoldAlignment], device
+) -> list[dict] | None:
     """A Transformer's alignment scores layer by layer (cross-attention averaged over heads); None for an RNN."""
     src_ids, tgt_ids = tokenizer.encode_src(src), tokenizer.encode_tgt(tgt)
     layers = forced_layer_attention(model, src_ids, tgt_ids, device)
     if layers is None:
         return None
     words = [word_positions(tokenizer, src_ids[k], tgt_ids[k], src[k], tgt[k]) for k in range(len(src))]
-    return [alignment_score([m[layer] for m in layers], words, gold) for layer in range(layers[0].shape[0])] if layers else []
+    return (
+        [alignment_score([m[layer] for m in layers], words, gold) for layer in range(layers[0].shape[0])]
+        if layers
+        else []
+    )
 
 
 def validation_gold(cfg) -> tuple[list[str], list[str], list[GoldAlignment]] | None:
@@ -159,21 +186,31 @@ def evaluate_run(run_dir: Path, test: TestSet) -> dict:
     for k, probe in enumerate(forced):
         stats.add(probe.attention, probe.positions)
         if k in test.heatmap_lines:
-            heatmaps.append(heatmap_record(k, probe, words[k], tokenizer, src_ids[k], tgt_ids[k], test.src[k], test.ref[k]))
+            heatmaps.append(
+                heatmap_record(k, probe, words[k], tokenizer, src_ids[k], tgt_ids[k], test.src[k], test.ref[k])
+            )
     with atomic_open(run_dir / HEATMAPS, key="run_dir") as f:
         json.dump(sorted(heatmaps, key=lambda r: test.heatmap_lines.index(r["line"])), f)
 
     alignment = layers = None
     if test.gold is not None:
-        alignment = {**alignment_score([p.attention for p in forced], words, test.gold), "layer": "last, mean over heads"}
+        alignment = {
+            **alignment_score([p.attention for p in forced], words, test.gold),
+            "layer": "last, mean over heads",
+        }
         by_layer = layer_alignment(model, tokenizer, test.src, test.ref, test.gold, device)
         if by_layer:
             valid = validation_gold(cfg)
             valid_layers = layer_alignment(model, tokenizer, *valid, device) if valid else None
-            chooser, on = (valid_layers, "validation") if valid_layers else (by_layer, "test (no validation alignments)")
+            chooser, on = (
+                (valid_layers, "validation") if valid_layers else (by_layer, "test (no validation alignments)")
+            )
             best = min(range(len(chooser)), key=lambda i: chooser[i]["aer"])
             layers = {"test": by_layer, "valid": valid_layers, "best_layer": best, "chosen_on": on}
-            alignment = {**by_layer[best], "layer": f"layer {best + 1} of {len(by_layer)} (lowest AER on {on}), mean over heads"}
+            alignment = {
+                **by_layer[best],
+                "layer": f"layer {best + 1} of {len(by_layer)} (lowest AER on {on}), mean over heads",
+            }
 
     result = {
         "checkpoint": f"checkpoints/{BEST}",

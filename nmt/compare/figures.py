@@ -14,7 +14,12 @@ from nmt.evaluation.alignment import GoldAlignment
 from nmt.evaluation.plots import save_figure
 
 KIND_COLORS = {"baseline": "#7f7f7f", "better": "#2ca02c", "worse": "#d62728", "same": "#1f77b4"}
-KIND_LABELS = {"baseline": "baseline", "better": "better (both tests, Holm)", "worse": "worse (both tests, Holm)", "same": "not shown to differ"}
+KIND_LABELS = {
+    "baseline": "baseline",
+    "better": "better (both tests, Holm)",
+    "worse": "worse (both tests, Holm)",
+    "same": "not shown to differ",
+}
 
 
 def _figure(width: float, height: float):
@@ -30,12 +35,28 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def bleu_bars(names: list[str], means: list[float], stds: list[float | None], per_seed: list[list[float]], kinds: list[str], title: str, path: Path) -> None:
+def bleu_bars(
+    names: list[str],
+    means: list[float],
+    stds: list[float | None],
+    per_seed: list[list[float]],
+    kinds: list[str],
+    title: str,
+    path: Path,
+) -> None:
     """Horizontal bars of mean test BLEU, error bars one standard deviation over seeds, a dot per seed."""
     fig = _figure(7.0, 1.2 + 0.32 * len(names))
     ax = fig.subplots()
     y = np.arange(len(names))[::-1]
-    ax.barh(y, means, xerr=[s or 0.0 for s in stds], color=[KIND_COLORS[k] for k in kinds], alpha=0.85, capsize=3, height=0.7)
+    ax.barh(
+        y,
+        means,
+        xerr=[s or 0.0 for s in stds],
+        color=[KIND_COLORS[k] for k in kinds],
+        alpha=0.85,
+        capsize=3,
+        height=0.7,
+    )
     for row, values in zip(y, per_seed):
         ax.plot(values, [row] * len(values), "k.", markersize=4)
     ax.set_yticks(y, names, fontsize="small")
@@ -44,7 +65,11 @@ def bleu_bars(names: list[str], means: list[float], stds: list[float | None], pe
     from matplotlib.patches import Patch
 
     shown = [k for k in KIND_COLORS if k in kinds]
-    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=KIND_LABELS[k]) for k in shown], fontsize="x-small", loc="lower right")
+    ax.legend(
+        handles=[Patch(color=KIND_COLORS[k], label=KIND_LABELS[k]) for k in shown],
+        fontsize="x-small",
+        loc="lower right",
+    )
     ax.grid(axis="x", alpha=0.3)
     save_figure(fig, path, "out")
 
@@ -53,16 +78,28 @@ def learning_curves(curves: dict[str, list[Curve]], path: Path) -> None:
     """Validation BLEU and loss against updates and against wall-clock seconds; one colour per variant, a line per seed."""
     fig = _figure(12.0, 8.0)
     axes = fig.subplots(2, 2)
-    panels = [(0, 0, 0, 4, "updates", "valid BLEU"), (0, 1, 1, 4, "training seconds (wall-clock)", "valid BLEU"),
-              (1, 0, 0, 2, "updates", "valid loss"), (1, 1, 1, 2, "training seconds (wall-clock)", "valid loss")]
+    panels = [
+        (0, 0, 0, 4, "updates", "valid BLEU"),
+        (0, 1, 1, 4, "training seconds (wall-clock)", "valid BLEU"),
+        (1, 0, 0, 2, "updates", "valid loss"),
+        (1, 1, 1, 2, "training seconds (wall-clock)", "valid loss"),
+    ]
     for (name, runs), color in zip(curves.items(), _colors(len(curves))):
         for k, curve in enumerate(runs):
             if not curve.valid:
                 continue
             points = np.array(curve.valid)
             for row, col, x, y, _, _ in panels:
-                axes[row, col].plot(points[:, x], points[:, y], color=color, marker=".", markersize=3, linewidth=1,
-                                    linestyle="-" if k == 0 else "--", label=name if k == 0 else None)
+                axes[row, col].plot(
+                    points[:, x],
+                    points[:, y],
+                    color=color,
+                    marker=".",
+                    markersize=3,
+                    linewidth=1,
+                    linestyle="-" if k == 0 else "--",
+                    label=name if k == 0 else None,
+                )
     for row, col, _, _, xlabel, ylabel in panels:
         axes[row, col].set_xlabel(xlabel)
         axes[row, col].set_ylabel(ylabel)
@@ -107,9 +144,22 @@ def attention_grid(records: dict[str, list[dict]], gold: dict[int, GoldAlignment
             alignment = gold.get(record["line"])
             if alignment is not None and record["unit"] == "word":
                 for i, j in alignment.sure:
-                    ax.plot(i, j, marker="o", markersize=5, markerfacecolor="none", markeredgecolor="#d62728", markeredgewidth=0.8)
+                    ax.plot(
+                        i,
+                        j,
+                        marker="o",
+                        markersize=5,
+                        markerfacecolor="none",
+                        markeredgecolor="#d62728",
+                        markeredgewidth=0.8,
+                    )
             ax.set_yticks(range(len(record["tgt"])), record["tgt"], fontsize=5)
-            ax.set_xticks(range(len(record["src"])), record["src"] if row == 0 else [""] * len(record["src"]), rotation=90, fontsize=5)
+            ax.set_xticks(
+                range(len(record["src"])),
+                record["src"] if row == 0 else [""] * len(record["src"]),
+                rotation=90,
+                fontsize=5,
+            )
             ax.xaxis.tick_top()
             if col == 0:
                 ax.set_ylabel(name, fontsize="small")

@@ -59,22 +59,36 @@ def executor(launcher: str, folder: Path, slurm: SlurmSettings):
     if slurm.constraint:
         extra["constraint"] = slurm.constraint
     found.update_parameters(
-        name="nmt-compare", timeout_min=slurm.timeout_min, gpus_per_node=slurm.gpus_per_node, cpus_per_task=slurm.cpus_per_task,
-        tasks_per_node=1, nodes=1, slurm_array_parallelism=slurm.array_parallelism,
-        **({"slurm_partition": slurm.partition} if slurm.partition else {}), **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}),
+        name="nmt-compare",
+        timeout_min=slurm.timeout_min,
+        gpus_per_node=slurm.gpus_per_node,
+        cpus_per_task=slurm.cpus_per_task,
+        tasks_per_node=1,
+        nodes=1,
+        slurm_array_parallelism=slurm.array_parallelism,
+        **({"slurm_partition": slurm.partition} if slurm.partition else {}),
+        **({"mem_gb": slurm.mem_gb} if slurm.mem_gb else {}),
         **({"slurm_additional_parameters": extra} if extra else {}),
     )
     return found
 
 
-def dispatch(plans: list[PlannedRun], test: TestSet, launcher: str, out: Path, slurm: SlurmSettings,
-             say: Callable[[str], None] = print) -> None:
+def dispatch(
+    plans: list[PlannedRun],
+    test: TestSet,
+    launcher: str,
+    out: Path,
+    slurm: SlurmSettings,
+    say: Callable[[str], None] = print,
+) -> None:
     """Submit a job per run and wait for them all; a failed job is an error naming its run and its log."""
     pool = executor(launcher, out / "submitit", slurm)
     with pool.batch():
         jobs = [pool.submit(run_job, n, len(plans), plan, test) for n, plan in enumerate(plans, 1)]
-    say(f"nmt-compare: {len(jobs)} jobs submitted ({launcher}), logs in {out / 'submitit'}; waiting for them to end "
-        f"(or stop waiting and run `nmt-compare report_only=true out={out}` once they have)")
+    say(
+        f"nmt-compare: {len(jobs)} jobs submitted ({launcher}), logs in {out / 'submitit'}; waiting for them to end "
+        f"(or stop waiting and run `nmt-compare report_only=true out={out}` once they have)"
+    )
     failed = []
     for plan, job in zip(plans, jobs):
         try:
@@ -82,6 +96,12 @@ def dispatch(plans: list[PlannedRun], test: TestSet, launcher: str, out: Path, s
             say(f"{plan.label}: job {job.job_id} done")
         except Exception as err:  # submitit wraps the job's error; its log has the whole story
             first = (str(err).strip().splitlines() or [type(err).__name__])[-1]
-            failed.append(f"{plan.label} (job {job.job_id}: {first[:200]}; log {out / 'submitit'}/{job.job_id}_0_log.err)")
+            failed.append(
+                f"{plan.label} (job {job.job_id}: {first[:200]}; log {out / 'submitit'}/{job.job_id}_0_log.err)"
+            )
     if failed:
-        raise NmtError(f"{len(failed)} of {len(jobs)} jobs failed: " + "; ".join(failed[:3]) + "; run the same command again to continue them")
+        raise NmtError(
+            f"{len(failed)} of {len(jobs)} jobs failed: "
+            + "; ".join(failed[:3])
+            + "; run the same command again to continue them"
+        )

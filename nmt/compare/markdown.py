@@ -51,7 +51,11 @@ def seconds(value: float | None) -> str:
 def table(header: list[str], rows: list[list[str]], right: int = 1) -> str:
     """A pipe table, each column padded to its widest cell; columns from `right` on are right-aligned."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).rjust(w) if i >= right else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"  # noqa: E731
+    line = lambda cells: (
+        "| "
+        + " | ".join(str(c).rjust(w) if i >= right else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        + " |"
+    )  # noqa: E731
     rule = "|" + "|".join("-" * (w + 1) + ":" if i >= right else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
     return "\n".join([line(header), rule, *(line(r) for r in rows)])
 
@@ -69,8 +73,12 @@ def delta_cells(v: dict, baseline: bool) -> list[str]:
         return ["baseline", "", "", ""]
     sig = v["significance"] or {}
     delta = signed(v["delta_bleu"], 2) if v["delta_bleu"] is not None else NA
-    return [delta, interval(sig.get("bootstrap")), interval(sig.get("seeds")) if sig.get("seeds") else f"n/a (< {MIN_SEEDS} seeds)",
-            sig.get("decision", NA)]
+    return [
+        delta,
+        interval(sig.get("bootstrap")),
+        interval(sig.get("seeds")) if sig.get("seeds") else f"n/a (< {MIN_SEEDS} seeds)",
+        sig.get("decision", NA),
+    ]
 
 
 def main_table(summary: dict) -> str:
@@ -78,10 +86,36 @@ def main_table(summary: dict) -> str:
     rows = []
     for v in summary["variants"]:
         aer = spread(v["alignment"]["aer"], 3) if v["alignment"] else NA
-        rows.append([v["name"], spread(v["bleu"]), *delta_cells(v, v["name"] == summary["baseline"]),
-                     spread(v["chrf"]), spread(v["ter"]), aer, count(v["parameters"]), num(v["steps"]["mean"], 0), seconds(v["train_seconds"]["mean"])])
-    return table(["variant", "test BLEU", "Δ BLEU", "sentence bootstrap 95% CI, p", "seed test (Welch) 95% CI, p", "sig.", "chrF", "TER", "AER",
-                  "params", "updates", "train time"], rows)
+        rows.append(
+            [
+                v["name"],
+                spread(v["bleu"]),
+                *delta_cells(v, v["name"] == summary["baseline"]),
+                spread(v["chrf"]),
+                spread(v["ter"]),
+                aer,
+                count(v["parameters"]),
+                num(v["steps"]["mean"], 0),
+                seconds(v["train_seconds"]["mean"]),
+            ]
+        )
+    return table(
+        [
+            "variant",
+            "test BLEU",
+            "Δ BLEU",
+            "sentence bootstrap 95% CI, p",
+            "seed test (Welch) 95% CI, p",
+            "sig.",
+            "chrF",
+            "TER",
+            "AER",
+            "params",
+            "updates",
+            "train time",
+        ],
+        rows,
+    )
 
 
 def significance_table(summary: dict) -> str:
@@ -92,21 +126,73 @@ def significance_table(summary: dict) -> str:
         if v["name"] == summary["baseline"] or not v["significance"]:
             continue
         boot, seeds = v["significance"]["bootstrap"], v["significance"]["seeds"]
-        rows.append([v["name"], " ".join(map(str, boot["seeds"])) if boot else NA, signed(boot["delta"], 2) if boot else NA,
-                     interval(boot), yes_no(boot, "significant_raw"), yes_no(boot, "holm"),
-                     interval(seeds), yes_no(seeds, "significant_raw"), yes_no(seeds, "holm"), v["significance"]["decision"]])
-    return table(["variant", "bootstrap seeds", "bootstrap Δ", "bootstrap 95% CI, p", "raw", "Holm", "seed test 95% CI, p", "raw", "Holm", "sig."], rows)
+        rows.append(
+            [
+                v["name"],
+                " ".join(map(str, boot["seeds"])) if boot else NA,
+                signed(boot["delta"], 2) if boot else NA,
+                interval(boot),
+                yes_no(boot, "significant_raw"),
+                yes_no(boot, "holm"),
+                interval(seeds),
+                yes_no(seeds, "significant_raw"),
+                yes_no(seeds, "holm"),
+                v["significance"]["decision"],
+            ]
+        )
+    return table(
+        [
+            "variant",
+            "bootstrap seeds",
+            "bootstrap Δ",
+            "bootstrap 95% CI, p",
+            "raw",
+            "Holm",
+            "seed test 95% CI, p",
+            "raw",
+            "Holm",
+            "sig.",
+        ],
+        rows,
+    )
 
 
 def training_table(summary: dict) -> str:
     rows = []
     for v in summary["variants"]:
-        rows.append([v["name"], num(v["steps"]["mean"], 0), seconds(v["train_seconds"]["mean"]), seconds(v["train_cpu_seconds"]["mean"]),
-                     seconds(v["valid_seconds"]["mean"]), num(v["steps_per_s"]["mean"], 2), num(v["train_tokens_per_s"]["mean"], 0),
-                     num(v["best_step"]["mean"], 0), spread(v["valid_ppl"], 2), num(v["decode_sentences_per_s"]["mean"], 1),
-                     f"{v['timed_out']}/{len(v['seeds'])}", spread(v["bleu_lc"])])
-    return table(["variant", "updates", "train time", "train CPU", "validation time", "updates/s", "target tok/s", "best step", "valid ppl",
-                  "decode sent/s", "stopped by time", "lc tok BLEU"], rows)
+        rows.append(
+            [
+                v["name"],
+                num(v["steps"]["mean"], 0),
+                seconds(v["train_seconds"]["mean"]),
+                seconds(v["train_cpu_seconds"]["mean"]),
+                seconds(v["valid_seconds"]["mean"]),
+                num(v["steps_per_s"]["mean"], 2),
+                num(v["train_tokens_per_s"]["mean"], 0),
+                num(v["best_step"]["mean"], 0),
+                spread(v["valid_ppl"], 2),
+                num(v["decode_sentences_per_s"]["mean"], 1),
+                f"{v['timed_out']}/{len(v['seeds'])}",
+                spread(v["bleu_lc"]),
+            ]
+        )
+    return table(
+        [
+            "variant",
+            "updates",
+            "train time",
+            "train CPU",
+            "validation time",
+            "updates/s",
+            "target tok/s",
+            "best step",
+            "valid ppl",
+            "decode sent/s",
+            "stopped by time",
+            "lc tok BLEU",
+        ],
+        rows,
+    )
 
 
 def length_table(summary: dict) -> str:
@@ -119,13 +205,42 @@ def attention_table(summary: dict) -> str:
     rows = []
     for v in summary["variants"]:
         a, g = v["attention"], v["alignment"]
-        scored = f"{sum(g['scored'])}/{sum(g['scored']) + sum(g['skipped'])}" if g and None not in g["scored"] + g["skipped"] else NA
-        rows.append([v["name"], num(a["entropy"]["mean"], 2), num(a["max_weight"]["mean"], 2), num(a["coverage"]["mean"], 2),
-                     num(a["under_attended"]["mean"], 3), num(a["over_attended"]["mean"], 3),
-                     *(spread(g[k], 3) if g else NA for k in ("aer", "precision", "recall")), scored, "; ".join(g["layer"]) if g else NA,
-                     num(a["p_t_diagonal_distance"]["mean"], 2)])
-    return table(["variant", "entropy (nats)", "max weight", "coverage", "under-attended", "over-attended", "AER", "precision", "recall",
-                  "sentences scored (all seeds)", "attention scored", "local-p |p_t - diagonal|"], rows)
+        scored = (
+            f"{sum(g['scored'])}/{sum(g['scored']) + sum(g['skipped'])}"
+            if g and None not in g["scored"] + g["skipped"]
+            else NA
+        )
+        rows.append(
+            [
+                v["name"],
+                num(a["entropy"]["mean"], 2),
+                num(a["max_weight"]["mean"], 2),
+                num(a["coverage"]["mean"], 2),
+                num(a["under_attended"]["mean"], 3),
+                num(a["over_attended"]["mean"], 3),
+                *(spread(g[k], 3) if g else NA for k in ("aer", "precision", "recall")),
+                scored,
+                "; ".join(g["layer"]) if g else NA,
+                num(a["p_t_diagonal_distance"]["mean"], 2),
+            ]
+        )
+    return table(
+        [
+            "variant",
+            "entropy (nats)",
+            "max weight",
+            "coverage",
+            "under-attended",
+            "over-attended",
+            "AER",
+            "precision",
+            "recall",
+            "sentences scored (all seeds)",
+            "attention scored",
+            "local-p |p_t - diagonal|",
+        ],
+        rows,
+    )
 
 
 def layer_table(summary: dict) -> str | None:
@@ -135,7 +250,13 @@ def layer_table(summary: dict) -> str | None:
         layers = v.get("alignment_by_layer")
         if layers:
             cells = [spread(stat, 3) for stat in layers["test_aer"]]
-            rows.append([v["name"], *cells, ", ".join(map(str, layers["best_layers"])) + f" (on {', '.join(layers['chosen_on'])})"])
+            rows.append(
+                [
+                    v["name"],
+                    *cells,
+                    ", ".join(map(str, layers["best_layers"])) + f" (on {', '.join(layers['chosen_on'])})",
+                ]
+            )
     if not rows:
         return None
     width = max(len(r) - 2 for r in rows)
@@ -157,10 +278,43 @@ def runs_table(summary: dict, runs: dict[str, list[RunRecord]]) -> str:
                 rows.append([name, str(r.seed), "not finished", "", "", "", "", "", "", "", relative(r)])
                 continue
             sig = by_seed[name].get(r.seed)
-            test = f"{signed(sig['delta'], 2)} [{signed(sig['ci_low'], 2)}, {signed(sig['ci_high'], 2)}] (p {sig['p_value']:.3f})" if sig else ("baseline" if name == summary["baseline"] else NA)
-            rows.append([name, str(r.seed), num(r.score("bleu")), num(r.score("chrf")), num(r.score("ter")), num(r.score("bleu_lc")),
-                         test, str(r.results["steps"]), duration(train_seconds(r.results)), str(r.evaluation["checkpoint_step"]), relative(r)])
-    return table(["variant", "seed", "BLEU", "chrF", "TER", "lc tok BLEU", "Δ BLEU vs baseline, same seed", "updates", "train time", "best step", "run dir"], rows, right=1)
+            test = (
+                f"{signed(sig['delta'], 2)} [{signed(sig['ci_low'], 2)}, {signed(sig['ci_high'], 2)}] (p {sig['p_value']:.3f})"
+                if sig
+                else ("baseline" if name == summary["baseline"] else NA)
+            )
+            rows.append(
+                [
+                    name,
+                    str(r.seed),
+                    num(r.score("bleu")),
+                    num(r.score("chrf")),
+                    num(r.score("ter")),
+                    num(r.score("bleu_lc")),
+                    test,
+                    str(r.results["steps"]),
+                    duration(train_seconds(r.results)),
+                    str(r.evaluation["checkpoint_step"]),
+                    relative(r),
+                ]
+            )
+    return table(
+        [
+            "variant",
+            "seed",
+            "BLEU",
+            "chrF",
+            "TER",
+            "lc tok BLEU",
+            "Δ BLEU vs baseline, same seed",
+            "updates",
+            "train time",
+            "best step",
+            "run dir",
+        ],
+        rows,
+        right=1,
+    )
 
 
 def signature_lines(summary: dict) -> list[str]:
@@ -186,9 +340,19 @@ def config_section(configs: dict[str, Config | None], baseline: str) -> list[str
         flat = {k: v for k, v in flatten(asdict(cfg)).items() if k not in NOT_SETTINGS}
         diff = [f"{k}={flat.get(k)}" for k in sorted(set(flat) | set(flat_base)) if flat.get(k) != flat_base.get(k)]
         rows.append([name, " ".join(diff) or "(none)"])
-    lines = ["Each run's resolved config is `RUN/config.yaml`. Settings that differ from the baseline's (seed and run dir aside):", "",
-             table(["variant", "settings that differ from " + baseline], rows, right=9), "",
-             f"<details><summary>The baseline's resolved config ({baseline})</summary>", "", "```yaml", config_to_yaml(base).rstrip(), "```", "", "</details>"]
+    lines = [
+        "Each run's resolved config is `RUN/config.yaml`. Settings that differ from the baseline's (seed and run dir aside):",
+        "",
+        table(["variant", "settings that differ from " + baseline], rows, right=9),
+        "",
+        f"<details><summary>The baseline's resolved config ({baseline})</summary>",
+        "",
+        "```yaml",
+        config_to_yaml(base).rstrip(),
+        "```",
+        "",
+        "</details>",
+    ]
     return lines
 
 
@@ -198,11 +362,21 @@ def environment_lines(sessions: list[dict]) -> list[str]:
         env = session.get("environment", {})
         took = f", {duration(session['seconds'])}" if session.get("seconds") is not None else ", killed before it ended"
         took += " (interrupted)" if session.get("interrupted") else ""
-        lines += [f"{k}. started {session.get('started', NA)}{took}:", "", "   ```", f"   {session.get('command', NA)}", "   ```", ""]
+        lines += [
+            f"{k}. started {session.get('started', NA)}{took}:",
+            "",
+            "   ```",
+            f"   {session.get('command', NA)}",
+            "   ```",
+            "",
+        ]
         packages = ", ".join(f"{name} {version}" for name, version in env.get("packages", {}).items())
-        lines += [f"   - nmt {env.get('nmt', NA)} (git {env.get('git_commit') or 'unknown'}), Python {env.get('python', NA)}; {packages}",
-                  f"   - {env.get('platform', NA)}; CPU: {env.get('cpu', NA)}, {env.get('cpu_cores', NA)} cores; GPUs: {', '.join(env.get('gpus') or []) or 'none'}",
-                  f"   - torch threads {env.get('torch_threads', NA)}, OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}, load average at the start {env.get('load_average', NA)}", ""]
+        lines += [
+            f"   - nmt {env.get('nmt', NA)} (git {env.get('git_commit') or 'unknown'}), Python {env.get('python', NA)}; {packages}",
+            f"   - {env.get('platform', NA)}; CPU: {env.get('cpu', NA)}, {env.get('cpu_cores', NA)} cores; GPUs: {', '.join(env.get('gpus') or []) or 'none'}",
+            f"   - torch threads {env.get('torch_threads', NA)}, OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}, load average at the start {env.get('load_average', NA)}",
+            "",
+        ]
     return lines
 
 
@@ -211,7 +385,8 @@ def how_computed(plan: CompareConfig, summary: dict, test: TestData, metric: str
     consistency = summary["consistency"]
     tokenizers = consistency["tokenizer_sha256"]
     lines = [
-        "## How each number was computed", "",
+        "## How each number was computed",
+        "",
         f"- **Test set**: the {len(test.src)} pairs in `test.src` / `test.ref` (copied from the data config's test split; "
         f"sha256 of the text {', '.join(s[:16] for s in consistency['test_sha256']) or NA}). Each run translates it with its best checkpoint "
         f"(`checkpoints/best.pt`, the best by validation {metric}) and the shared decoding settings: {', '.join(consistency['decode']) or NA}.",
@@ -250,17 +425,24 @@ def how_computed(plan: CompareConfig, summary: dict, test: TestData, metric: str
         "so its entropy is 0.",
         "- **AER, precision, recall** (Och & Ney 2003): each reference word is linked to the source word its attention weighs most "
         "(subwords merged: a word's row is the mean of its pieces' rows, a source word's column the sum of its pieces'; the </s> column left out), "
-        + ("against the gold alignments in `test.align` (Pharaoh `i-j`: source word i, target word j, 0-based), counts summed over the sentences "
-           "scored (the AER table gives how many were scored and skipped: a sentence is skipped when its subwords do not merge into its "
-           "whitespace words). For a Transformer every decoder layer is scored (heads averaged) and the layer with the lowest AER on the "
-           "validation alignments is reported (the table names it)." if test.gold is not None
-           else "but this comparison has no gold alignments (give `align=FILE`), so they are n/a."),
+        + (
+            "against the gold alignments in `test.align` (Pharaoh `i-j`: source word i, target word j, 0-based), counts summed over the sentences "
+            "scored (the AER table gives how many were scored and skipped: a sentence is skipped when its subwords do not merge into its "
+            "whitespace words). For a Transformer every decoder layer is scored (heads averaged) and the layer with the lowest AER on the "
+            "validation alignments is reported (the table names it)."
+            if test.gold is not None
+            else "but this comparison has no gold alignments (give `align=FILE`), so they are n/a."
+        ),
         "- **BLEU by source length**: the test set split into buckets of about equal size by source words; sacrebleu BLEU of each bucket's "
         "sentences, per run, then averaged over seeds.",
         "- **Learning curves** are the validation lines of each `RUN/train.log` (validation BLEU and loss); the seconds of a validation step are "
         "interpolated between the progress lines around it.",
-        "- **Tokenizer**: " + (f"all runs used the same SentencePiece model(s) (sha256 {tokenizers[0][:16]}), so the same vocabulary and segmentation."
-                                if len(tokenizers) == 1 else f"**the runs used {len(tokenizers)} different tokenizers**: {', '.join(t[:16] for t in tokenizers)}."),
+        "- **Tokenizer**: "
+        + (
+            f"all runs used the same SentencePiece model(s) (sha256 {tokenizers[0][:16]}), so the same vocabulary and segmentation."
+            if len(tokenizers) == 1
+            else f"**the runs used {len(tokenizers)} different tokenizers**: {', '.join(t[:16] for t in tokenizers)}."
+        ),
     ]
     return lines + [""]
 
@@ -269,8 +451,10 @@ def headline(summary: dict) -> str:
     """The fairness sentence, only as far as the runs' files show it."""
     differ = differences(summary["consistency"])
     if not differ:
-        return ("Checked from the runs' files: every finished run used the same tokenizer, test set, training budget, training conditions and "
-                "decoding settings.")
+        return (
+            "Checked from the runs' files: every finished run used the same tokenizer, test set, training budget, training conditions and "
+            "decoding settings."
+        )
     return f"**The finished runs differ in: {', '.join(differ)}** (see How each number was computed)."
 
 
@@ -284,8 +468,15 @@ def how_to_read(summary: dict) -> str:
     )
 
 
-def markdown_report(plan: CompareConfig, summary: dict, test: TestData, sessions: list[dict], figures: dict[str, str],
-                    configs: dict[str, Config | None], runs: dict[str, list[RunRecord]]) -> str:
+def markdown_report(
+    plan: CompareConfig,
+    summary: dict,
+    test: TestData,
+    sessions: list[dict],
+    figures: dict[str, str],
+    configs: dict[str, Config | None],
+    runs: dict[str, list[RunRecord]],
+) -> str:
     """The whole report.md."""
     variants = summary["variants"]
     finished = sum(len(v["seeds"]) for v in variants)
@@ -294,22 +485,44 @@ def markdown_report(plan: CompareConfig, summary: dict, test: TestData, sessions
     total = sum(s["seconds"] for s in sessions if s.get("seconds") is not None)
     budgets = summary["consistency"]["budget"]
     lines = [
-        f"# {plan.name or 'Attention variants compared'}", "",
+        f"# {plan.name or 'Attention variants compared'}",
+        "",
         f"{len(variants)} variants, seeds {', '.join(map(str, plan.seeds))}: {finished} of {planned} runs finished"
-        + (f" (**{planned - finished} not finished**: the tables cover the finished ones)" if finished < planned else "") + ". "
-        + headline(summary) + f" Budget per run: {budget(base_cfg) if base_cfg else NA}" + (" **(budgets differ between runs)**" if len(budgets) > 1 else "") + ". "
+        + (
+            f" (**{planned - finished} not finished**: the tables cover the finished ones)"
+            if finished < planned
+            else ""
+        )
+        + ". "
+        + headline(summary)
+        + f" Budget per run: {budget(base_cfg) if base_cfg else NA}"
+        + (" **(budgets differ between runs)**" if len(budgets) > 1 else "")
+        + ". "
         f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
-        + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "") + ". "
-        f"Training and scoring took {duration(total)} (wall-clock, {len(sessions)} session(s)). Report written {datetime.now().isoformat(timespec='seconds')}.", "",
-        "## Main results", "",
-        main_table(summary), "",
-        how_to_read(summary), "",
-        "## Significance", "",
-        significance_table(summary), "",
+        + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "")
+        + ". "
+        f"Training and scoring took {duration(total)} (wall-clock, {len(sessions)} session(s)). Report written {datetime.now().isoformat(timespec='seconds')}.",
+        "",
+        "## Main results",
+        "",
+        main_table(summary),
+        "",
+        how_to_read(summary),
+        "",
+        "## Significance",
+        "",
+        significance_table(summary),
+        "",
         *[f"- **Note**: {note}." for note in summary["bootstrap"]["notes"]],
-        *([f"- **Note**: these runs trained under other conditions than the rest (threads, precision, batching or runs side by side; "
-           f"`RUN/conditions.json`): {', '.join(summary['consistency']['other_conditions'])}; their speed and budget are not comparable."]
-          if summary["consistency"]["other_conditions"] else []), "",
+        *(
+            [
+                f"- **Note**: these runs trained under other conditions than the rest (threads, precision, batching or runs side by side; "
+                f"`RUN/conditions.json`): {', '.join(summary['consistency']['other_conditions'])}; their speed and budget are not comparable."
+            ]
+            if summary["consistency"]["other_conditions"]
+            else []
+        ),
+        "",
     ]
     if "bars" in figures:
         lines += [f"![Test BLEU by variant]({figures['bars']})", ""]
@@ -321,17 +534,39 @@ def markdown_report(plan: CompareConfig, summary: dict, test: TestData, sessions
         lines += [f"![BLEU by source length]({figures['lengths']})", ""]
     lines += ["## Attention", "", attention_table(summary), ""]
     if (layers := layer_table(summary)) is not None:
-        lines += ["Transformer cross-attention, layer by layer (test AER, heads averaged; the main figure reports the layer with the lowest "
-                  "AER on the validation alignments):", "", layers, ""]
+        lines += [
+            "Transformer cross-attention, layer by layer (test AER, heads averaged; the main figure reports the layer with the lowest "
+            "AER on the validation alignments):",
+            "",
+            layers,
+            "",
+        ]
     if "heatmaps" in figures:
-        lines += ["The same test sentences for every variant (reference forced through the model; rows: reference words, columns: "
-                  "source words and </s>; red circles: gold alignment links, when there are any):", "",
-                  f"![Attention heat maps]({figures['heatmaps']})", ""]
+        lines += [
+            "The same test sentences for every variant (reference forced through the model; rows: reference words, columns: "
+            "source words and </s>; red circles: gold alignment links, when there are any):",
+            "",
+            f"![Attention heat maps]({figures['heatmaps']})",
+            "",
+        ]
     lines += ["## Every run", "", runs_table(summary, runs), ""]
     lines += how_computed(plan, summary, test, base_cfg.train.early_stop_metric if base_cfg else NA)
-    lines += ["## Reproducibility", "", "Commands (each nmt-compare session in this folder), with the software and hardware it ran on:", "",
-              *environment_lines(sessions), "Variants and their overrides (`shared`, then the variant's, then the command line's, then the seed):", "",
-              table(["variant", "overrides"], [[v["name"], " ".join(v["overrides"])] for v in variants], right=9), "",
-              "Shared overrides: `" + " ".join(plan.shared) + "`" + (f"; from the command line: `{shlex.join(plan.extra)}`" if plan.extra else ""), "",
-              *config_section(configs, summary["baseline"]), ""]
+    lines += [
+        "## Reproducibility",
+        "",
+        "Commands (each nmt-compare session in this folder), with the software and hardware it ran on:",
+        "",
+        *environment_lines(sessions),
+        "Variants and their overrides (`shared`, then the variant's, then the command line's, then the seed):",
+        "",
+        table(["variant", "overrides"], [[v["name"], " ".join(v["overrides"])] for v in variants], right=9),
+        "",
+        "Shared overrides: `"
+        + " ".join(plan.shared)
+        + "`"
+        + (f"; from the command line: `{shlex.join(plan.extra)}`" if plan.extra else ""),
+        "",
+        *config_section(configs, summary["baseline"]),
+        "",
+    ]
     return "\n".join(lines)

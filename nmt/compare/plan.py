@@ -20,10 +20,22 @@ from nmt.evaluation.alignment import read_pharaoh
 from nmt.fileio import atomic_open
 
 BUDGET = ("train.max_steps", "train.max_time", "train.max_epochs", "train.budget_clock")
-THROUGHPUT = ("train.threads", "train.precision", "train.batch_tokens", "train.accumulate", "train.device",  # how fast a budget trains
-              "train.valid_every", "train.valid_bleu_sentences")
+THROUGHPUT = (
+    "train.threads",
+    "train.precision",
+    "train.batch_tokens",
+    "train.accumulate",
+    "train.device",  # how fast a budget trains
+    "train.valid_every",
+    "train.valid_bleu_sentences",
+)
 SAME_FOR_ALL = ("data.", "decode.", *BUDGET, *THROUGHPUT)  # what every variant must share
-IGNORED = (*RUN_KEYS, "train.progress", "train.threads", "data.cache_dir")  # differences that do not make an existing run another run
+IGNORED = (
+    *RUN_KEYS,
+    "train.progress",
+    "train.threads",
+    "data.cache_dir",
+)  # differences that do not make an existing run another run
 HEATMAP_WORDS = (6, 10)  # automatic heat-map lines: the first test sources of this many words
 TEST_SRC, TEST_REF, TEST_ALIGN = "test.src", "test.ref", "test.align"
 
@@ -115,14 +127,30 @@ def prepare_test(cfg: CompareConfig, data: DataConfig, out: Path) -> tuple[TestS
     for name, lines in ((TEST_SRC, text.src), (TEST_REF, text.tgt)):
         path = out / name
         if path.is_file() and read_lines(path) != lines:
-            raise NmtError(f"out={out}: its {name} differs from the test split of data.test={data.test}; the runs there were scored on other sentences; choose another out=")
+            raise NmtError(
+                f"out={out}: its {name} differs from the test split of data.test={data.test}; the runs there were scored on other sentences; choose another out="
+            )
     align = cfg.align or (f"{data.test}.align" if data.test and Path(f"{data.test}.align").is_file() else None)
     gold = read_pharaoh(align, text.src, text.tgt) if align else None
-    for name, lines in ((TEST_SRC, text.src), (TEST_REF, text.tgt), *(((TEST_ALIGN, read_lines(align)),) if align else ())):
+    for name, lines in (
+        (TEST_SRC, text.src),
+        (TEST_REF, text.tgt),
+        *(((TEST_ALIGN, read_lines(align)),) if align else ()),
+    ):
         with atomic_open(out / name, key="out") as f:
             f.writelines(line + "\n" for line in lines)
     if not align:
         (out / TEST_ALIGN).unlink(missing_ok=True)  # an earlier comparison's gold alignments are not this one's
-    digest = hashlib.sha256("\n".join(read_lines(align)).encode("utf-8", "surrogatepass")).hexdigest() if align else None
-    test = TestSet(text.src, text.tgt, gold, pick_heatmap_lines(text.src, cfg.heatmap_lines), cfg.under_attended, cfg.over_attended, digest)
+    digest = (
+        hashlib.sha256("\n".join(read_lines(align)).encode("utf-8", "surrogatepass")).hexdigest() if align else None
+    )
+    test = TestSet(
+        text.src,
+        text.tgt,
+        gold,
+        pick_heatmap_lines(text.src, cfg.heatmap_lines),
+        cfg.under_attended,
+        cfg.over_attended,
+        digest,
+    )
     return test, align

@@ -59,7 +59,9 @@ def recorded_positions(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
 
 
 @torch.no_grad()
-def forced_attention(model: Seq2Seq, src_ids: list[list[int]], tgt_ids: list[list[int]], device: torch.device, batch_size: int = 64) -> list[ForcedAttention]:
+def forced_attention(
+    model: Seq2Seq, src_ids: list[list[int]], tgt_ids: list[list[int]], device: torch.device, batch_size: int = 64
+) -> list[ForcedAttention]:
     """Teacher-forced attention of each (source, reference) pair, in input order."""
     out: list[ForcedAttention | None] = [None] * len(src_ids)
     order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i])))
@@ -69,18 +71,23 @@ def forced_attention(model: Seq2Seq, src_ids: list[list[int]], tgt_ids: list[lis
             rows = order[start : start + batch_size]
             batch = make_batch([src_ids[i] for i in rows], [tgt_ids[i] for i in rows]).to(device)
             with recorded_positions(model) as found:
-                _, attn = model.decoder(batch.tgt_in, model.encode(batch.src, batch.src_mask), need_attn=True)  # (B, T, S)
+                _, attn = model.decoder(
+                    batch.tgt_in, model.encode(batch.src, batch.src_mask), need_attn=True
+                )  # (B, T, S)
             positions = torch.cat(found, 1).float().cpu().numpy() if local_p else None  # (B, T)
             attn = attn.float().cpu().numpy()
             for b, i in enumerate(rows):
                 steps, tokens = len(tgt_ids[i]) + 1, len(src_ids[i]) + 1
-                out[i] = ForcedAttention(attn[b, :steps, :tokens], positions[b, :steps] if positions is not None else None)
+                out[i] = ForcedAttention(
+                    attn[b, :steps, :tokens], positions[b, :steps] if positions is not None else None
+                )
     return out  # type: ignore[return-value]
 
 
 @torch.no_grad()
-def forced_layer_attention(model: Seq2Seq, src_ids: list[list[int]], tgt_ids: list[list[int]], device: torch.device,
-                           batch_size: int = 64) -> list[np.ndarray] | None:
+def forced_layer_attention(
+    model: Seq2Seq, src_ids: list[list[int]], tgt_ids: list[list[int]], device: torch.device, batch_size: int = 64
+) -> list[np.ndarray] | None:
     """Teacher-forced cross-attention of every decoder layer, mean over heads: (L, T + 1, S + 1) per pair, in input
     order; None for a model without layers of cross-attention (the RNNs)."""
     maps = getattr(model.decoder, "attention_maps", None)
@@ -92,7 +99,9 @@ def forced_layer_attention(model: Seq2Seq, src_ids: list[list[int]], tgt_ids: li
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             batch = make_batch([src_ids[i] for i in rows], [tgt_ids[i] for i in rows]).to(device)
-            layers = maps(batch.tgt_in, model.encode(batch.src, batch.src_mask)).mean(2).float().cpu().numpy()  # (B, L, T, S)
+            layers = (
+                maps(batch.tgt_in, model.encode(batch.src, batch.src_mask)).mean(2).float().cpu().numpy()
+            )  # (B, L, T, S)
             for b, i in enumerate(rows):
                 out[i] = layers[b, :, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
     return out  # type: ignore[return-value]

@@ -24,7 +24,12 @@ from nmt.compare.summary import ATTENTION, SCORES, summarize
 from nmt.config import CompareConfig
 from nmt.fileio import atomic_open
 
-FIGURES = {"bars": "bleu_bars.png", "curves": "learning_curves.png", "lengths": "bleu_by_length.png", "heatmaps": "attention_heatmaps.png"}
+FIGURES = {
+    "bars": "bleu_bars.png",
+    "curves": "learning_curves.png",
+    "lengths": "bleu_by_length.png",
+    "heatmaps": "attention_heatmaps.png",
+}
 
 
 def load_runs(out: Path, plan: CompareConfig) -> dict[str, list[RunRecord]]:
@@ -42,14 +47,24 @@ def csv_rows(summary: dict) -> list[dict]:
             row[f"{metric}_mean"], row[f"{metric}_std"] = v[metric]["mean"], v[metric]["std"]
         row |= {
             "delta_bleu": v["delta_bleu"],
-            "bootstrap_seeds": " ".join(map(str, boot.get("seeds", []))), "bootstrap_delta": boot.get("delta"),
-            "bootstrap_ci_low": boot.get("ci_low"), "bootstrap_ci_high": boot.get("ci_high"), "bootstrap_p": boot.get("p_value"),
-            "bootstrap_significant_raw": boot.get("significant_raw"), "bootstrap_significant_holm": boot.get("holm"),
-            "seed_test_ci_low": seeds.get("ci_low"), "seed_test_ci_high": seeds.get("ci_high"), "seed_test_p": seeds.get("p_value"),
-            "seed_test_significant_raw": seeds.get("significant_raw"), "seed_test_significant_holm": seeds.get("holm"),
+            "bootstrap_seeds": " ".join(map(str, boot.get("seeds", []))),
+            "bootstrap_delta": boot.get("delta"),
+            "bootstrap_ci_low": boot.get("ci_low"),
+            "bootstrap_ci_high": boot.get("ci_high"),
+            "bootstrap_p": boot.get("p_value"),
+            "bootstrap_significant_raw": boot.get("significant_raw"),
+            "bootstrap_significant_holm": boot.get("holm"),
+            "seed_test_ci_low": seeds.get("ci_low"),
+            "seed_test_ci_high": seeds.get("ci_high"),
+            "seed_test_p": seeds.get("p_value"),
+            "seed_test_significant_raw": seeds.get("significant_raw"),
+            "seed_test_significant_holm": seeds.get("holm"),
             "significant": sig.get("decision"),
-            "valid_ppl": v["valid_ppl"]["mean"], "parameters": v["parameters"], "steps": v["steps"]["mean"],
-            "train_seconds": v["train_seconds"]["mean"], "train_tokens_per_s": v["train_tokens_per_s"]["mean"],
+            "valid_ppl": v["valid_ppl"]["mean"],
+            "parameters": v["parameters"],
+            "steps": v["steps"]["mean"],
+            "train_seconds": v["train_seconds"]["mean"],
+            "train_tokens_per_s": v["train_tokens_per_s"]["mean"],
             "decode_sentences_per_s": v["decode_sentences_per_s"]["mean"],
         }
         row |= {key: v["attention"][key]["mean"] for key in ATTENTION}
@@ -74,15 +89,30 @@ def draw_figures(out: Path, summary: dict, runs: dict[str, list[RunRecord]], gol
     variants = [v for v in summary["variants"] if v["seeds"]]
     if variants:
         kinds = [
-            "baseline" if v["name"] == summary["baseline"] else "same" if (v["significance"] or {}).get("decision") != "yes"
-            else "better" if v["delta_bleu"] > 0 else "worse"
+            "baseline"
+            if v["name"] == summary["baseline"]
+            else "same"
+            if (v["significance"] or {}).get("decision") != "yes"
+            else "better"
+            if v["delta_bleu"] > 0
+            else "worse"
             for v in variants
         ]
-        figures.bleu_bars([v["name"] for v in variants], [v["bleu"]["mean"] for v in variants], [v["bleu"]["std"] for v in variants],
-                          [v["bleu"]["values"] for v in variants], kinds, f"baseline: {summary['baseline']}", out / FIGURES["bars"])
+        figures.bleu_bars(
+            [v["name"] for v in variants],
+            [v["bleu"]["mean"] for v in variants],
+            [v["bleu"]["std"] for v in variants],
+            [v["bleu"]["values"] for v in variants],
+            kinds,
+            f"baseline: {summary['baseline']}",
+            out / FIGURES["bars"],
+        )
         drawn["bars"] = FIGURES["bars"]
-        figures.bleu_by_length([b["words"] for b in summary["length_buckets"]],
-                               {v["name"]: [b["mean"] for b in v["length_bleu"]] for v in variants}, out / FIGURES["lengths"])
+        figures.bleu_by_length(
+            [b["words"] for b in summary["length_buckets"]],
+            {v["name"]: [b["mean"] for b in v["length_bleu"]] for v in variants},
+            out / FIGURES["lengths"],
+        )
         drawn["lengths"] = FIGURES["lengths"]
     curves = {name: [r.curve for r in group if r.curve.valid] for name, group in runs.items()}
     if any(curves.values()):
@@ -100,8 +130,14 @@ def check_scored(out: Path, plan: CompareConfig) -> None:
     """report_only: every scored run must have been scored with the settings the report states; it never relabels."""
     test = read_test(out)
     align = out / TEST_ALIGN
-    digest = hashlib.sha256("\n".join(read_lines(align)).encode("utf-8", "surrogatepass")).hexdigest() if align.is_file() else None
-    scoring = TestSet(test.src, test.ref, test.gold, plan.heatmap_lines, plan.under_attended, plan.over_attended, digest)
+    digest = (
+        hashlib.sha256("\n".join(read_lines(align)).encode("utf-8", "surrogatepass")).hexdigest()
+        if align.is_file()
+        else None
+    )
+    scoring = TestSet(
+        test.src, test.ref, test.gold, plan.heatmap_lines, plan.under_attended, plan.over_attended, digest
+    )
     for name, group in load_runs(out, plan).items():
         for run in group:
             if run.evaluation is None or run.config is None:
@@ -121,12 +157,22 @@ def build_report(out: Path, plan: CompareConfig | None = None) -> str:
     plan = plan or read_plan(out)
     test = read_test(out)
     runs = load_runs(out, plan)
-    summary = summarize(runs, plan.overrides, plan.baseline_name(), test, plan.length_buckets, plan.bootstrap, plan.bootstrap_seed)
+    summary = summarize(
+        runs, plan.overrides, plan.baseline_name(), test, plan.length_buckets, plan.bootstrap, plan.bootstrap_seed
+    )
     sessions = read_sessions(out)
     drawn = draw_figures(out, summary, runs, test.gold)
     configs = {name: next((r.config for r in group if r.config is not None), None) for name, group in runs.items()}
-    document = {"name": plan.name, "out": str(out), "seeds": plan.seeds, "test_sentences": len(test.src),
-                "gold_alignments": test.gold is not None, **summary, "sessions": sessions, "figures": drawn}
+    document = {
+        "name": plan.name,
+        "out": str(out),
+        "seeds": plan.seeds,
+        "test_sentences": len(test.src),
+        "gold_alignments": test.gold is not None,
+        **summary,
+        "sessions": sessions,
+        "figures": drawn,
+    }
     with atomic_open(out / "results.json", key="out") as f:
         f.write(json.dumps(document, indent=2, default=str) + "\n")
     write_csv(csv_rows(summary), out / "results.csv")

@@ -62,8 +62,18 @@ def record_conditions(plan: PlannedRun, jobs: int, step: int) -> None:
     path = plan.run_dir / CONDITIONS
     parts = json.loads(path.read_text()) if path.is_file() else []
     train = plan.config.train
-    parts.append({"from_step": step, "jobs": jobs, "threads": train.threads, "precision": train.precision, "batch_tokens": train.batch_tokens,
-                  "accumulate": train.accumulate, "budget_clock": train.budget_clock, "device": train.device})
+    parts.append(
+        {
+            "from_step": step,
+            "jobs": jobs,
+            "threads": train.threads,
+            "precision": train.precision,
+            "batch_tokens": train.batch_tokens,
+            "accumulate": train.accumulate,
+            "budget_clock": train.budget_clock,
+            "device": train.device,
+        }
+    )
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     with atomic_open(path, key="run_dir") as f:
         f.write(json.dumps(parts, indent=2) + "\n")
@@ -82,7 +92,9 @@ def budget(cfg: Config) -> str:
     limits = [f"{cfg.train.max_steps} updates"]
     if cfg.train.max_time is not None:
         clock = "wall-clock" if cfg.train.budget_clock == "wall" else "CPU"
-        limits.append(f"{cfg.train.max_time:g} minutes of training ({clock} time; validation and checkpoints not counted)")
+        limits.append(
+            f"{cfg.train.max_time:g} minutes of training ({clock} time; validation and checkpoints not counted)"
+        )
     if cfg.train.max_epochs is not None:
         limits.append(f"{cfg.train.max_epochs} epochs")
     return " or ".join(limits) + (", whichever comes first" if len(limits) > 1 else "")
@@ -97,7 +109,9 @@ def comparison_lock(out: Path) -> Iterator[None]:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.close()
-        raise NmtError(f"out={out}: another nmt-compare is working in this folder; wait for it to end or choose another out=") from None
+        raise NmtError(
+            f"out={out}: another nmt-compare is working in this folder; wait for it to end or choose another out="
+        ) from None
     try:
         yield
     finally:
@@ -138,7 +152,9 @@ def run_one(number: int, total: int, plan: PlannedRun, test: TestSet, jobs: int,
         step = 0
         say(f"{head}: training (budget {budget(plan.config)}); log {plan.run_dir / 'train.log'}")
     elif state == "rescore":
-        say(f"{head}: scored earlier with other settings ({changed_settings(plan.run_dir, settings)}); scoring again, not retraining")
+        say(
+            f"{head}: scored earlier with other settings ({changed_settings(plan.run_dir, settings)}); scoring again, not retraining"
+        )
     else:
         say(f"{head}: trained earlier; scoring the test set")
     if state in ("new", "resume"):
@@ -173,7 +189,13 @@ def _run_in_worker(number: int, total: int, plan: PlannedRun, test: TestSet, job
     run_one(number, total, plan, test, jobs, _LINES.put)
 
 
-def run_all(plans: list[PlannedRun], test: TestSet, progress: bool = True, jobs: int = 1, echo: Callable[[str], None] | None = None) -> None:
+def run_all(
+    plans: list[PlannedRun],
+    test: TestSet,
+    progress: bool = True,
+    jobs: int = 1,
+    echo: Callable[[str], None] | None = None,
+) -> None:
     """Train and score each planned run, `jobs` at a time (spawned processes); `echo` gets the start and end lines
     (stdout above the bar by default)."""
     say = echo or (lambda line: tqdm.write(line, file=sys.stdout))

@@ -15,7 +15,15 @@ import numpy as np
 from nmt.compare.collect import RunRecord, TestData
 from nmt.compare.runner import train_seconds
 from nmt.evaluation.metrics import corpus_score
-from nmt.evaluation.significance import MIN_SEEDS, cluster_bootstrap, draw_weights, holm, sentence_stats, smallest_bootstrap_p, welch_test
+from nmt.evaluation.significance import (
+    MIN_SEEDS,
+    cluster_bootstrap,
+    draw_weights,
+    holm,
+    sentence_stats,
+    smallest_bootstrap_p,
+    welch_test,
+)
 
 SCORES = ("bleu", "chrf", "ter", "bleu_lc")
 ATTENTION = ("entropy", "max_weight", "coverage", "under_attended", "over_attended", "p_t_diagonal_distance")
@@ -72,8 +80,9 @@ class Significance:
     notes: list[str]
 
 
-def significance(runs: dict[str, list[RunRecord]], baseline: str, refs: list[str], samples: int, seed: int,
-                 alpha: float = ALPHA) -> Significance:
+def significance(
+    runs: dict[str, list[RunRecord]], baseline: str, refs: list[str], samples: int, seed: int, alpha: float = ALPHA
+) -> Significance:
     """Paired cluster bootstrap over test sentences (on the seeds both finished) and Welch's t-test over seeds, Holm-corrected."""
     finished = {name: {r.seed: r for r in group if r.finished} for name, group in runs.items()}
     base = finished.get(baseline, {})
@@ -84,9 +93,18 @@ def significance(runs: dict[str, list[RunRecord]], baseline: str, refs: list[str
     for name in names:
         common = sorted(set(finished[name]) & set(base))
         if common:
-            result = cluster_bootstrap(np.stack([stats[baseline][s] for s in common]), np.stack([stats[name][s] for s in common]),
-                                       common, samples, seed, weights)
-            boot[name] = {**result.as_dict(), "significant_raw": result.p_value < alpha and excludes_zero(result.as_dict())}
+            result = cluster_bootstrap(
+                np.stack([stats[baseline][s] for s in common]),
+                np.stack([stats[name][s] for s in common]),
+                common,
+                samples,
+                seed,
+                weights,
+            )
+            boot[name] = {
+                **result.as_dict(),
+                "significant_raw": result.p_value < alpha and excludes_zero(result.as_dict()),
+            }
         welch = welch_test([r.score("bleu") for r in base.values()], [r.score("bleu") for r in finished[name].values()])
         if welch is not None:
             seed_test[name] = {**welch.as_dict(), "significant_raw": welch.p_value < alpha}
@@ -97,13 +115,21 @@ def significance(runs: dict[str, list[RunRecord]], baseline: str, refs: list[str
         corrected = holm({name: r["p_value"] for name, r in results.items()}, alpha)
         for name, r in results.items():
             r["holm"] = corrected[name] and excludes_zero(r)
-    tests = {name: {"bootstrap": boot.get(name), "seeds": seed_test.get(name),
-                    "decision": decide(boot.get(name), seed_test.get(name))} for name in names}
+    tests = {
+        name: {
+            "bootstrap": boot.get(name),
+            "seeds": seed_test.get(name),
+            "decision": decide(boot.get(name), seed_test.get(name)),
+        }
+        for name in names
+    }
     notes = []
     if boot and smallest_bootstrap_p(samples) >= alpha / len(boot):
-        notes.append(f"with bootstrap={samples} the smallest bootstrap p is 1/{samples + 1} = {smallest_bootstrap_p(samples):.4f}, not below "
-                     f"Holm's first threshold alpha/{len(boot)} = {alpha / len(boot):.4f}: no variant can pass the corrected test; "
-                     f"give bootstrap={int(len(boot) / alpha) * 2} or more")
+        notes.append(
+            f"with bootstrap={samples} the smallest bootstrap p is 1/{samples + 1} = {smallest_bootstrap_p(samples):.4f}, not below "
+            f"Holm's first threshold alpha/{len(boot)} = {alpha / len(boot):.4f}: no variant can pass the corrected test; "
+            f"give bootstrap={int(len(boot) / alpha) * 2} or more"
+        )
     return Significance(tests, by_seed, notes)
 
 
@@ -125,12 +151,17 @@ def layer_means(records: list[dict | None]) -> dict | None:
     if not present:
         return None
     layers = len(present[0]["test"])
-    return {"test_aer": [spread([r["test"][i]["aer"] for r in present if len(r["test"]) == layers]) for i in range(layers)],
-            "valid_aer": [spread([r["valid"][i]["aer"] for r in present if r.get("valid")]) for i in range(layers)],
-            "best_layers": [r["best_layer"] + 1 for r in present], "chosen_on": sorted({r["chosen_on"] for r in present})}
+    return {
+        "test_aer": [spread([r["test"][i]["aer"] for r in present if len(r["test"]) == layers]) for i in range(layers)],
+        "valid_aer": [spread([r["valid"][i]["aer"] for r in present if r.get("valid")]) for i in range(layers)],
+        "best_layers": [r["best_layer"] + 1 for r in present],
+        "chosen_on": sorted({r["chosen_on"] for r in present}),
+    }
 
 
-def variant_summary(name: str, overrides: list[str], group: list[RunRecord], refs: list[str], buckets: list[tuple[str, list[int]]]) -> dict:
+def variant_summary(
+    name: str, overrides: list[str], group: list[RunRecord], refs: list[str], buckets: list[tuple[str, list[int]]]
+) -> dict:
     """One variant's figures over its finished seeds."""
     done = [r for r in group if r.finished]
     evals = [r.evaluation for r in done]
@@ -156,20 +187,35 @@ def variant_summary(name: str, overrides: list[str], group: list[RunRecord], ref
         "best_step": spread([e["checkpoint_step"] for e in evals]),  # type: ignore[index]
         "decode_sentences_per_s": spread([e["sentences_per_s"] for e in evals]),  # type: ignore[index]
         "attention": {key: spread([e["attention"][key] for e in evals]) for key in ATTENTION},  # type: ignore[index]
-        "alignment": {**{key: spread([a[key] for a in alignments]) for key in ALIGNMENT},
-                      "scored": [a.get("scored") for a in alignments], "skipped": [a.get("skipped") for a in alignments],
-                      "layer": sorted({a.get("layer") or "last, mean over heads" for a in alignments})} if alignments else None,
+        "alignment": {
+            **{key: spread([a[key] for a in alignments]) for key in ALIGNMENT},
+            "scored": [a.get("scored") for a in alignments],
+            "skipped": [a.get("skipped") for a in alignments],
+            "layer": sorted({a.get("layer") or "last, mean over heads" for a in alignments}),
+        }
+        if alignments
+        else None,
         "alignment_by_layer": layer_means([e.get("alignment_by_layer") for e in evals]),  # type: ignore[union-attr]
         "length_bleu": [spread([b[k] for b in per_bucket]) for k in range(len(buckets))],
     }
 
 
-CONDITIONS = ("threads", "precision", "batch_tokens", "accumulate", "budget_clock", "jobs", "device")  # how a run trained
+CONDITIONS = (
+    "threads",
+    "precision",
+    "batch_tokens",
+    "accumulate",
+    "budget_clock",
+    "jobs",
+    "device",
+)  # how a run trained
 
 
 def run_conditions(run: RunRecord) -> list[tuple]:
     """The training conditions of each part of a run (a resumed run has several): RUN/conditions.json, else results.json."""
-    parts = run.conditions or [{"threads": (run.results or {}).get("threads"), "precision": (run.results or {}).get("precision")}]
+    parts = run.conditions or [
+        {"threads": (run.results or {}).get("threads"), "precision": (run.results or {}).get("precision")}
+    ]
     return [tuple(part.get(key) for key in CONDITIONS) for part in parts]
 
 
@@ -184,8 +230,18 @@ def consistency(runs: list[RunRecord]) -> dict:
         "test_sha256": found(lambda r: r.evaluation["test_sha256"]),
         "decode": found(lambda r: r.evaluation["decode"]),
         "signatures": {metric: found(lambda r, m=metric: r.evaluation["scores"][m]["signature"]) for metric in SCORES},
-        "budget": found(lambda r: (r.config.train.max_steps, r.config.train.max_time, r.config.train.max_epochs, r.config.train.budget_clock)
-                        if r.config else None),
+        "budget": found(
+            lambda r: (
+                (
+                    r.config.train.max_steps,
+                    r.config.train.max_time,
+                    r.config.train.max_epochs,
+                    r.config.train.budget_clock,
+                )
+                if r.config
+                else None
+            )
+        ),
         "conditions": [dict(zip(CONDITIONS, c)) for c in conditions],
         "other_conditions": [f"{r.variant} seed {r.seed}" for r in done if any(c != usual for c in run_conditions(r))],
     }
@@ -193,13 +249,25 @@ def consistency(runs: list[RunRecord]) -> dict:
 
 def differences(check: dict) -> list[str]:
     """What the finished runs do not share (empty: the headline 'same data, tokenizer, budget, decoding' holds)."""
-    names = {"tokenizer_sha256": "tokenizer", "test_sha256": "test set", "decode": "decoding settings", "budget": "training budget",
-             "conditions": "training conditions (threads, precision, batching, runs side by side)"}
+    names = {
+        "tokenizer_sha256": "tokenizer",
+        "test_sha256": "test set",
+        "decode": "decoding settings",
+        "budget": "training budget",
+        "conditions": "training conditions (threads, precision, batching, runs side by side)",
+    }
     return [label for key, label in names.items() if len(check[key]) > 1]
 
 
-def summarize(runs: dict[str, list[RunRecord]], overrides: dict[str, list[str]], baseline: str, test: TestData,
-              bucket_count: int, samples: int, seed: int) -> dict:
+def summarize(
+    runs: dict[str, list[RunRecord]],
+    overrides: dict[str, list[str]],
+    baseline: str,
+    test: TestData,
+    bucket_count: int,
+    samples: int,
+    seed: int,
+) -> dict:
     """Everything the report shows, as plain values (results.json holds this)."""
     buckets = length_buckets(test.src, bucket_count)
     variants = [variant_summary(name, overrides[name], group, test.ref, buckets) for name, group in runs.items()]
@@ -207,7 +275,11 @@ def summarize(runs: dict[str, list[RunRecord]], overrides: dict[str, list[str]],
     means = {v["name"]: v["bleu"]["mean"] for v in variants}
     for variant in variants:
         name = variant["name"]
-        variant["delta_bleu"] = means[name] - means[baseline] if name != baseline and None not in (means[name], means.get(baseline)) else None
+        variant["delta_bleu"] = (
+            means[name] - means[baseline]
+            if name != baseline and None not in (means[name], means.get(baseline))
+            else None
+        )
         variant["significance"] = tests.tests.get(name)
         variant["significance_by_seed"] = tests.by_seed.get(name, {})
     return {

@@ -43,7 +43,9 @@ def parse_pharaoh(line: str, where: str) -> GoldAlignment:
     for token in line.split():
         match = LINK.fullmatch(token)
         if match is None:
-            raise NmtError(f"{where}: '{token}' is not an alignment link; expected i-j (sure) or i?j (possible), 0-based word indices")
+            raise NmtError(
+                f"{where}: '{token}' is not an alignment link; expected i-j (sure) or i?j (possible), 0-based word indices"
+            )
         link = (int(match.group(1)), int(match.group(3)))
         possible.add(link)
         if match.group(2) == "-":
@@ -55,7 +57,9 @@ def read_pharaoh(path: str | Path, src: list[str], tgt: list[str]) -> list[GoldA
     """A Pharaoh file for the sentence pairs (src[k], tgt[k]); its lines and links must fit them."""
     lines = read_lines(str(path))
     if len(lines) != len(src):
-        raise NmtError(f"align={path}: {len(lines)} lines, but the test set has {len(src)} sentence pairs; expected one line per pair")
+        raise NmtError(
+            f"align={path}: {len(lines)} lines, but the test set has {len(src)} sentence pairs; expected one line per pair"
+        )
     gold = []
     for k, (line, s, t) in enumerate(zip(lines, src, tgt)):
         alignment = parse_pharaoh(line, f"{path}:{k + 1}")
@@ -63,8 +67,10 @@ def read_pharaoh(path: str | Path, src: list[str], tgt: list[str]) -> list[GoldA
         if bad := [f"{i}-{j}" for i, j in sorted(alignment.possible) if i >= n_src or j >= n_tgt]:
             flipped = all(j < n_src and i < n_tgt for i, j in alignment.possible)
             hint = "; the links fit the other way round: is the file target-source?" if flipped else ""
-            raise NmtError(f"{path}:{k + 1}: link {bad[0]} points past the sentence pair ({n_src} source words, {n_tgt} target words); "
-                           f"expected source-target links i-j, 0-based{hint}")
+            raise NmtError(
+                f"{path}:{k + 1}: link {bad[0]} points past the sentence pair ({n_src} source words, {n_tgt} target words); "
+                f"expected source-target links i-j, 0-based{hint}"
+            )
         gold.append(alignment)
     return gold
 
@@ -132,5 +138,11 @@ class AlignmentScore:
         return 1.0 - (self.hit_sure + self.hit_possible) / total if total else 0.0
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"aer": self.aer, "precision": self.precision, "recall": self.recall, "links": self.predicted,
-                "gold_sure": self.sure, "sentences": self.sentences}
+        return {
+            "aer": self.aer,
+            "precision": self.precision,
+            "recall": self.recall,
+            "links": self.predicted,
+            "gold_sure": self.sure,
+            "sentences": self.sentences,
+        }

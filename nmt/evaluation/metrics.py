@@ -30,5 +30,7 @@ def corpus_score(metric: str, hyps: list[str], refs: list[str]) -> Score:
     return Score(name, float(result.score), str(scorer.get_signature()))
 
 
-def corpus_scores(hyps: list[str], refs: list[str], metrics: tuple[str, ...] = ("bleu", "chrf", "ter", "bleu_lc")) -> list[Score]:
+def corpus_scores(
+    hyps: list[str], refs: list[str], metrics: tuple[str, ...] = ("bleu", "chrf", "ter", "bleu_lc")
+) -> list[Score]:
     return [corpus_score(m, hyps, refs) for m in metrics]

@@ -38,7 +38,9 @@ def sentence_stats(hyps: list[str], refs: list[str]) -> np.ndarray:
     """(N, 10) sacrebleu's BLEU sufficient statistics of each sentence (13a tokenization, mixed case)."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
-    return np.asarray(BLEU()._extract_corpus_statistics(hyps, [refs]), dtype=np.float64).reshape(len(hyps), 2 + 2 * ORDER)
+    return np.asarray(BLEU()._extract_corpus_statistics(hyps, [refs]), dtype=np.float64).reshape(
+        len(hyps), 2 + 2 * ORDER
+    )
 
 
 def bleu_from_stats(stats: np.ndarray) -> np.ndarray:
@@ -85,8 +87,14 @@ def mean_bleu(stats: np.ndarray, weights: np.ndarray | None = None) -> np.ndarra
     return np.stack([bleu_from_stats(weights @ per_seed) for per_seed in stats]).mean(0)
 
 
-def cluster_bootstrap(baseline: np.ndarray, system: np.ndarray, seeds: list[int], samples: int, seed: int,
-                      weights: np.ndarray | None = None) -> BootstrapResult:
+def cluster_bootstrap(
+    baseline: np.ndarray,
+    system: np.ndarray,
+    seeds: list[int],
+    samples: int,
+    seed: int,
+    weights: np.ndarray | None = None,
+) -> BootstrapResult:
     """baseline, system: (seeds, N, 10) statistics of each seed's output (the same seeds in the same order).
 
     `weights` (samples, N) may be given to reuse the same draws for every variant (draw_weights).
@@ -99,7 +107,9 @@ def cluster_bootstrap(baseline: np.ndarray, system: np.ndarray, seeds: list[int]
     draws = mean_bleu(system, weights) - mean_bleu(baseline, weights)  # (samples,)
     low, high = np.percentile(draws, [2.5, 97.5])
     beyond = int(np.sum(np.abs(draws - observed) >= abs(observed) - 1e-9))  # the draws shifted onto the null
-    return BootstrapResult(observed, float(low), float(high), (beyond + 1) / (samples + 1), samples, sentences, list(seeds))
+    return BootstrapResult(
+        observed, float(low), float(high), (beyond + 1) / (samples + 1), samples, sentences, list(seeds)
+    )
 
 
 @dataclass
@@ -128,12 +138,28 @@ def welch_test(baseline: list[float], system: list[float]) -> SeedTestResult | N
     delta = float(np.mean(system) - np.mean(baseline))
     if np.var(system) == 0 and np.var(baseline) == 0:  # no seed variance at all: the test is undefined
         same = delta == 0
-        return SeedTestResult(delta, delta, delta, 1.0 if same else 0.0, 0.0 if same else math.copysign(math.inf, delta),
-                              float(len(system) + len(baseline) - 2), len(system), len(baseline))
+        return SeedTestResult(
+            delta,
+            delta,
+            delta,
+            1.0 if same else 0.0,
+            0.0 if same else math.copysign(math.inf, delta),
+            float(len(system) + len(baseline) - 2),
+            len(system),
+            len(baseline),
+        )
     result = stats.ttest_ind(system, baseline, equal_var=False)
     interval = result.confidence_interval(0.95)
-    return SeedTestResult(delta, float(interval.low), float(interval.high), float(result.pvalue), float(result.statistic),
-                          float(result.df), len(system), len(baseline))
+    return SeedTestResult(
+        delta,
+        float(interval.low),
+        float(interval.high),
+        float(result.pvalue),
+        float(result.statistic),
+        float(result.df),
+        len(system),
+        len(baseline),
+    )
 
 
 def holm(p_values: dict[str, float], alpha: float) -> dict[str, bool]:

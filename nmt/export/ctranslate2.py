@@ -44,7 +44,9 @@ def _ct2():
     try:
         import ctranslate2
     except ImportError:
-        raise NmtError("format=ctranslate2 needs the ctranslate2 package: pip install 'nmt-attention[ct2]' (or pip install ctranslate2)") from None
+        raise NmtError(
+            "format=ctranslate2 needs the ctranslate2 package: pip install 'nmt-attention[ct2]' (or pip install ctranslate2)"
+        ) from None
     return ctranslate2
 
 
@@ -116,10 +118,20 @@ def _pieces(processor) -> list[str]:
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
 
-def export_ctranslate2(model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, out: str, quantization: str | None, max_positions: int, source: str) -> Path:
+def export_ctranslate2(
+    model: Seq2Seq,
+    cfg: Config,
+    tokenizer: Tokenizer,
+    out: str,
+    quantization: str | None,
+    max_positions: int,
+    source: str,
+) -> Path:
     """Write the CTranslate2 model directory `out` (it must not exist, or be empty); returns its path."""
     if cfg.model.arch != "transformer":
-        raise NmtError(f"checkpoint={source}: a model.arch={cfg.model.arch} model; CTranslate2 runs Transformers only, so format=ctranslate2 cannot export it")
+        raise NmtError(
+            f"checkpoint={source}: a model.arch={cfg.model.arch} model; CTranslate2 runs Transformers only, so format=ctranslate2 cannot export it"
+        )
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise NmtError(f"out={out}: already exists and is not an empty directory; choose a new directory")
@@ -138,10 +150,20 @@ def export_ctranslate2(model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, out: s
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         NmtConverter().convert(str(tmp), quantization=quantization)
-        for name, data in (({"sentencepiece.model": tokenizer.src_model} if tokenizer.joint else {"source.model": tokenizer.src_model, "target.model": tokenizer.tgt_model})).items():
+        for name, data in (
+            {"sentencepiece.model": tokenizer.src_model}
+            if tokenizer.joint
+            else {"source.model": tokenizer.src_model, "target.model": tokenizer.tgt_model}
+        ).items():
             (tmp / name).write_bytes(data)
-        notes = {"from": source, "arch": "transformer", "max_positions": max_positions, "quantization": quantization or "float32",
-                 "source": "SentencePiece pieces; </s> is appended by CTranslate2 (add_source_eos)", "decoder_start": "<s>"}
+        notes = {
+            "from": source,
+            "arch": "transformer",
+            "max_positions": max_positions,
+            "quantization": quantization or "float32",
+            "source": "SentencePiece pieces; </s> is appended by CTranslate2 (add_source_eos)",
+            "decoder_start": "<s>",
+        }
         (tmp / "nmt_export.json").write_text(json.dumps(notes, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, target)
     except OSError as err:

@@ -36,7 +36,6 @@ from nmt.errors import NmtError
 from nmt.models.checks import KINDS, WINDOWS, check_attention  # noqa: F401 (re-exported)
 
 
-
 def masked_log_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """log softmax over the last dim where `allowed` (broadcastable bool); -inf elsewhere."""
     return scores.masked_fill(~allowed, float("-inf")).log_softmax(-1)
@@ -53,12 +52,19 @@ class Attention(nn.Module):
         """query (B, T, Q), prepared keys (B, S, *) -> scores (B, T, S)."""
         raise NotImplementedError
 
-    def log_weights(self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
+    def log_weights(
+        self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """log a_t(s) (B, T, S), -inf on padding. mask (B, S); steps (B, T) target positions (local windows)."""
         return masked_log_softmax(self.score(query, prepared), mask[:, None, :])
 
     def forward(
-        self, query: torch.Tensor, prepared: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+        self,
+        query: torch.Tensor,
+        prepared: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        steps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Context c_t (B, T, H) and weights a_t (B, T, S) for queries (B, T, Q) over values (B, S, H)."""
         weights = self.log_weights(query, prepared, mask, steps).exp()  # (B, T, S)
@@ -216,7 +222,9 @@ class LocalWindow(Attention):
         """Whether a source of this length, with prepared keys of this width, is scored in the band only."""
         return source_len >= self.band_from * (2 * self.size + 2) * key_width
 
-    def log_weights(self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
+    def log_weights(
+        self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if not self.banded(mask.size(1), prepared.size(-1)):
             return self.dense_log_weights(query, prepared, mask, steps)
         log_band, source = self.band(query, prepared, mask, steps)  # (B, T, W)
@@ -224,14 +232,21 @@ class LocalWindow(Attention):
         return full.scatter(-1, source, log_band)  # (B, T, S)
 
     def forward(
-        self, query: torch.Tensor, prepared: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+        self,
+        query: torch.Tensor,
+        prepared: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        steps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """In the band: the context from the band's values alone, the weights (B, T, S) the band scattered into zeros."""
         if not self.banded(mask.size(1), prepared.size(-1)):
             return super().forward(query, prepared, values, mask, steps)
         log_band, source = self.band(query, prepared, mask, steps)
         band = log_band.exp()  # (B, T, W)
-        context = (band[:, :, None, :] @ gather_rows(values, source)).squeeze(2)  # (B, T, 1, W) @ (B, T, W, H) -> (B, T, H)
+        context = (band[:, :, None, :] @ gather_rows(values, source)).squeeze(
+            2
+        )  # (B, T, 1, W) @ (B, T, W, H) -> (B, T, H)
         weights = band.new_zeros(*source.shape[:2], mask.size(1)).scatter_(-1, source, band)  # (B, T, S)
         return context, weights
 
@@ -291,17 +306,26 @@ class HardAttention(Attention):
     def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
         return self.inner.score(query, prepared)
 
-    def log_weights(self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None) -> torch.Tensor:
+    def log_weights(
+        self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return self.inner.log_weights(query, prepared, mask, steps)
 
     def forward(
-        self, query: torch.Tensor, prepared: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+        self,
+        query: torch.Tensor,
+        prepared: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        steps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         log_a = self.log_weights(query, prepared, mask, steps)  # (B, T, S), -inf where not allowed
         if not self.training:
             weights = torch.zeros_like(log_a).scatter_(-1, log_a.argmax(-1, keepdim=True), 1.0)
             return weights @ values, weights
-        exp_noise = torch.empty_like(log_a).exponential_().clamp_min(torch.finfo(log_a.dtype).tiny)  # E ~ Exp(1), never 0
+        exp_noise = (
+            torch.empty_like(log_a).exponential_().clamp_min(torch.finfo(log_a.dtype).tiny)
+        )  # E ~ Exp(1), never 0
         gumbel = -exp_noise.log()  # -log(E) is Gumbel(0, 1)
         soft = ((log_a + gumbel) / self.tau).softmax(-1)  # (B, T, S)
         hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)

@@ -29,7 +29,17 @@ from nmt.models.seq2seq import Enc, State
 class BahdanauDecoder(RNNDecoder):
     """Attend with s_{i-1}, predict y_i from a maxout readout, then update the RNN with [E y_{i-1}; c_i]."""
 
-    def __init__(self, embed: nn.Embedding, vocab: int, cell: str, dim: int, layers: int, dropout: float, attention: Attention, tie_output: bool):
+    def __init__(
+        self,
+        embed: nn.Embedding,
+        vocab: int,
+        cell: str,
+        dim: int,
+        layers: int,
+        dropout: float,
+        attention: Attention,
+        tie_output: bool,
+    ):
         super().__init__()
         embed_dim = embed.embedding_dim
         self.embed, self.dropout, self.attention = embed, Dropout(dropout), attention
@@ -46,4 +56,8 @@ class BahdanauDecoder(RNNDecoder):
         t_tilde = self.readout(torch.cat([s_prev, emb, context], -1))  # (B, 2E)
         t_i = t_tilde.view(t_tilde.size(0), -1, 2).amax(-1)  # (B, E) maxout
         _, hidden = self.rnn(torch.cat([emb, context], -1)[:, None], state)  # s_i
-        return self.dropout(t_i), {**state, **hidden, "t": state["t"] + 1}, attn[:, 0]  # logits: self.output of the first
+        return (
+            self.dropout(t_i),
+            {**state, **hidden, "t": state["t"] + 1},
+            attn[:, 0],
+        )  # logits: self.output of the first

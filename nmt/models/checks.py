@@ -41,14 +41,25 @@ def check_rnn_names(cell: str, bridge: str, score: str, window: str, attention: 
 
 
 def check_rnn(
-    decoder: str, cell: str, bridge: str, score: str, window: str, attention: str, dim: int, embed_dim: int, bidirectional: bool, tie_output: bool
+    decoder: str,
+    cell: str,
+    bridge: str,
+    score: str,
+    window: str,
+    attention: str,
+    dim: int,
+    embed_dim: int,
+    bidirectional: bool,
+    tie_output: bool,
 ) -> None:
     """Fail on a name that is not one of the choices (listing them) or on sizes that cannot fit together."""
     check_rnn_names(cell, bridge, score, window, attention)
     if bidirectional and dim % 2:
         raise NmtError(f"model.dim={dim}: a bidirectional encoder needs an even dim (dim / 2 per direction)")
     if decoder == "luong" and tie_output and embed_dim != dim:
-        raise NmtError(f"model.tie_embeddings=true with arch=luong needs model.embed_dim == model.dim (got {embed_dim} and {dim})")
+        raise NmtError(
+            f"model.tie_embeddings=true with arch=luong needs model.embed_dim == model.dim (got {embed_dim} and {dim})"
+        )
 
 
 def check_model_config(cfg: Any) -> None:
@@ -60,7 +71,20 @@ def check_model_config(cfg: Any) -> None:
         raise NmtError(f"model.arch={cfg.arch}: unknown; expected one of {', '.join(sorted(ARCHS))}")
     check_rnn_names(cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention)
     if cfg.arch == "transformer" and cfg.dim % cfg.heads:
-        raise NmtError(f"model.dim={cfg.dim} with model.heads={cfg.heads}: the model dim must be a multiple of the number of heads")
+        raise NmtError(
+            f"model.dim={cfg.dim} with model.heads={cfg.heads}: the model dim must be a multiple of the number of heads"
+        )
     if cfg.arch in ("bahdanau", "luong"):
         embed_dim = cfg.dim if cfg.embed_dim is None else cfg.embed_dim
-        check_rnn(cfg.arch, cfg.cell, cfg.bridge, cfg.score, cfg.window, cfg.attention, cfg.dim, embed_dim, cfg.bidirectional, cfg.tie_embeddings)
+        check_rnn(
+            cfg.arch,
+            cfg.cell,
+            cfg.bridge,
+            cfg.score,
+            cfg.window,
+            cfg.attention,
+            cfg.dim,
+            embed_dim,
+            cfg.bidirectional,
+            cfg.tie_embeddings,
+        )

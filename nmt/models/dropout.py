@@ -21,7 +21,9 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.
     """A bool mask of `shape`, True with probability 1 - round(p * 65536) / 65536, and that keep rate's inverse."""
     dropped = round(p * LEVELS)
     count = shape.numel()
-    words = torch.empty((count + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), None)  # 64 uniform bits each
+    words = torch.empty((count + 3) // 4, dtype=torch.int64, device=device).random_(
+        -(1 << 63), None
+    )  # 64 uniform bits each
     bits = words.view(torch.int16)[:count].view(shape)  # uniform over -32768 .. 32767
     return bits >= dropped - LEVELS // 2, LEVELS / (LEVELS - dropped)
 

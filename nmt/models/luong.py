@@ -28,7 +28,16 @@ class LuongDecoder(RNNDecoder):
     """RNN first, then attention with h_t, then the attentional vector h~_t; optional input feeding."""
 
     def __init__(
-        self, embed: nn.Embedding, vocab: int, cell: str, dim: int, layers: int, dropout: float, attention: Attention, input_feeding: bool, tie_output: bool
+        self,
+        embed: nn.Embedding,
+        vocab: int,
+        cell: str,
+        dim: int,
+        layers: int,
+        dropout: float,
+        attention: Attention,
+        input_feeding: bool,
+        tie_output: bool,
     ):
         super().__init__()
         self.embed, self.dropout, self.attention, self.input_feeding = embed, Dropout(dropout), attention, input_feeding
@@ -59,7 +68,9 @@ class LuongDecoder(RNNDecoder):
             new_state["feed"] = h_tilde[:, 0]
         return self.dropout(h_tilde[:, 0]), new_state, attn[:, 0]  # logits: self.output of the first
 
-    def features(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def features(
+        self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher forcing: the output layer's input (B, T, H), attention (B, T, S) if asked; without input
         feeding every h_t comes from one RNN call."""
         if self.input_feeding:

@@ -80,13 +80,19 @@ class Recurrent(nn.Module):
 class RNNEncoder(nn.Module):
     """Embeddings, a packed (bi)directional GRU/LSTM, and the bridge to the decoder's initial state."""
 
-    def __init__(self, embed: nn.Embedding, cell: str, dim: int, layers: int, dropout: float, bidirectional: bool, bridge: str):
+    def __init__(
+        self, embed: nn.Embedding, cell: str, dim: int, layers: int, dropout: float, bidirectional: bool, bridge: str
+    ):
         super().__init__()
         self.directions = 2 if bidirectional else 1
         self.embed, self.dropout, self.lstm = embed, Dropout(dropout), cell == "lstm"
         self.rnn = CELLS[cell](
-            embed.embedding_dim, dim // self.directions, layers, batch_first=True,
-            dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional,
+            embed.embedding_dim,
+            dim // self.directions,
+            layers,
+            batch_first=True,
+            dropout=dropout if layers > 1 else 0.0,
+            bidirectional=bidirectional,
         )
         self.bridge_h = nn.Linear(dim, dim) if bridge == "bridge" else None
         self.bridge_c = nn.Linear(dim, dim) if bridge == "bridge" and self.lstm else None
@@ -107,7 +113,9 @@ class RNNEncoder(nn.Module):
         """Final states (L * directions, B, H / directions) -> initial decoder state (B, L, H)."""
         layers = self.rnn.num_layers
         final = final.view(layers, self.directions, final.size(1), -1).permute(2, 0, 1, 3).flatten(2)  # (B, L, H)
-        return torch.zeros_like(final) if bridge is None else torch.tanh(bridge(final)).to(final.dtype)  # fp32 even with a bf16 bridge (decode.precision)
+        return (
+            torch.zeros_like(final) if bridge is None else torch.tanh(bridge(final)).to(final.dtype)
+        )  # fp32 even with a bf16 bridge (decode.precision)
 
 
 class RNNDecoder(nn.Module):
@@ -144,7 +152,9 @@ class RNNDecoder(nn.Module):
         R // B rows per sentence of enc: a sentence's rows query its keys in one call.
         """
         rows, sentences = query.shape[:2], enc["src_mask"].size(0)
-        context, weights = self.attention(by_sentence(query, sentences), enc["keys"], enc["memory"], enc["src_mask"], by_sentence(steps, sentences))
+        context, weights = self.attention(
+            by_sentence(query, sentences), enc["keys"], enc["memory"], enc["src_mask"], by_sentence(steps, sentences)
+        )
         return context.reshape(*rows, -1), weights.reshape(*rows, -1)
 
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
@@ -152,7 +162,9 @@ class RNNDecoder(nn.Module):
         features, state, attn = self.advance(self.dropout(self.embed(prev)), enc, state)
         return self.output(features), state, attn
 
-    def features(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def features(
+        self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher forcing, one `advance` per position: the output layer's input (B, T, E'), attention (B, T, S) if asked.
 
         The output layer runs once, after the loop, on every position together (`forward`) or on the live
@@ -168,7 +180,9 @@ class RNNDecoder(nn.Module):
             attn.append(weights)
         return torch.stack(features, 1), torch.stack(attn, 1) if need_attn else None
 
-    def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher forcing: logits (B, T, V), attention (B, T, S) if asked."""
         features, attn = self.features(tgt_in, enc, need_attn)
         return self.output(features), attn
@@ -204,7 +218,9 @@ def build_rnn(
     check_rnn(decoder, cell, bridge, score, window, attention, dim, embed_dim, bidirectional, tie_output)
     attn = make_attention(score, dim, dim, dim, window, window_size, attention, max_src_len, gumbel_tau)
     tgt_embed = embedding(tgt_vocab, embed_dim, embed_scale)
-    src_embed = tgt_embed if share_src_embeddings and src_vocab == tgt_vocab else embedding(src_vocab, embed_dim, embed_scale)
+    src_embed = (
+        tgt_embed if share_src_embeddings and src_vocab == tgt_vocab else embedding(src_vocab, embed_dim, embed_scale)
+    )
     encoder = RNNEncoder(src_embed, cell, dim, layers, dropout, bidirectional, bridge)
     if decoder == "bahdanau":
         dec: RNNDecoder = BahdanauDecoder(tgt_embed, tgt_vocab, cell, dim, layers, dropout, attn, tie_output)

@@ -64,7 +64,9 @@ class Seq2Seq(nn.Module):
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
         return self.decoder.step(prev, enc, state)
 
-    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor, live: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Teacher-forced logits (B, T, V); with live (B, T) bool, those of the live positions only (N, V), row-major.
 
         Training passes the real (non-padding) target positions as live: the output layer, the widest

@@ -54,7 +54,11 @@ class Embedding(nn.Module):
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = self.tokens(tokens) * math.sqrt(self.dim)  # (B, T, H)
         end = offset + tokens.size(1)
-        pe = self.positions[offset:end] if end <= self.positions.size(0) else sinusoidal_positions(tokens.size(1), self.dim, offset).to(x)
+        pe = (
+            self.positions[offset:end]
+            if end <= self.positions.size(0)
+            else sinusoidal_positions(tokens.size(1), self.dim, offset).to(x)
+        )
         return self.dropout(x + pe)
 
 
@@ -108,7 +112,9 @@ class MultiHeadAttention(nn.Module):
             out = drop(weights, dropout, self.training) @ v
             weights = weights if need_weights else None
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=self.scale)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=self.scale
+            )
             weights = None
         out = out.transpose(1, 2).reshape(query.size(0), query.size(1), -1)  # (B, T, H)
         return self.out_proj(out), weights
@@ -147,7 +153,9 @@ class EncoderLayer(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    def __init__(self, embed: Embedding, layers: int, dim: int, heads: int, ffn_dim: int, dropout: float, norm: str, scale: bool):
+    def __init__(
+        self, embed: Embedding, layers: int, dim: int, heads: int, ffn_dim: int, dropout: float, norm: str, scale: bool
+    ):
         super().__init__()
         self.embed = embed
         self.layers = nn.ModuleList(EncoderLayer(dim, heads, ffn_dim, dropout, norm, scale) for _ in range(layers))
@@ -177,7 +185,12 @@ class DecoderLayer(nn.Module):
         return self._cross_and_ffn(x, cross_kv, src_mask, need_weights)
 
     def step(
-        self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], cross_kv: tuple[torch.Tensor, torch.Tensor], src_mask: torch.Tensor, need_weights: bool
+        self,
+        x: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        cross_kv: tuple[torch.Tensor, torch.Tensor],
+        src_mask: torch.Tensor,
+        need_weights: bool,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
         """One position per row: x (R, 1, H) after the cached keys/values (R, N, t, D) of the row's earlier positions.
 
@@ -191,14 +204,21 @@ class DecoderLayer(nn.Module):
             k, v = self.self_attn.keys_values(h)  # (R, N, 1, D)
             k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
             new_cache.append((k, v))
-            return self.self_attn.attend(h, k, v, need_weights=True)[0]  # a few queries per row: explicit products beat SDPA's kernel
+            return self.self_attn.attend(h, k, v, need_weights=True)[
+                0
+            ]  # a few queries per row: explicit products beat SDPA's kernel
 
         x = self.res_self(x, self_block)
         x, weights = self._cross_and_ffn(x, cross_kv, src_mask, need_weights, explicit=True)
         return x, new_cache[0], weights
 
     def _cross_and_ffn(
-        self, x: torch.Tensor, cross_kv: tuple[torch.Tensor, torch.Tensor], src_mask: torch.Tensor, need_weights: bool, explicit: bool = False
+        self,
+        x: torch.Tensor,
+        cross_kv: tuple[torch.Tensor, torch.Tensor],
+        src_mask: torch.Tensor,
+        need_weights: bool,
+        explicit: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Cross-attention then the feed-forward sub-layer; x (R, T, H), a sentence's R // B rows query its keys together.
 
@@ -207,7 +227,9 @@ class DecoderLayer(nn.Module):
         weights: list[torch.Tensor | None] = []
 
         def cross_block(h: torch.Tensor) -> torch.Tensor:
-            out, w = self.cross_attn.attend(by_sentence(h, src_mask.size(0)), *cross_kv, mask=src_mask, need_weights=need_weights or explicit)
+            out, w = self.cross_attn.attend(
+                by_sentence(h, src_mask.size(0)), *cross_kv, mask=src_mask, need_weights=need_weights or explicit
+            )
             weights.append(w if need_weights else None)
             return out.reshape(h.shape)
 
@@ -221,7 +243,19 @@ def reduce_attention(maps: torch.Tensor) -> torch.Tensor:
 
 
 class TransformerDecoder(nn.Module):
-    def __init__(self, embed: Embedding, vocab: int, layers: int, dim: int, heads: int, ffn_dim: int, dropout: float, norm: str, scale: bool, tie_output: bool):
+    def __init__(
+        self,
+        embed: Embedding,
+        vocab: int,
+        layers: int,
+        dim: int,
+        heads: int,
+        ffn_dim: int,
+        dropout: float,
+        norm: str,
+        scale: bool,
+        tie_output: bool,
+    ):
         super().__init__()
         self.embed = embed
         self.layers = nn.ModuleList(DecoderLayer(dim, heads, ffn_dim, dropout, norm, scale) for _ in range(layers))
@@ -233,7 +267,9 @@ class TransformerDecoder(nn.Module):
     def _cross_kv(self, enc: Enc) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [layer.cross_attn.keys_values(enc["memory"]) for layer in self.layers]
 
-    def teacher_forced(self, tgt_in: torch.Tensor, enc: Enc, attn_layers: range) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def teacher_forced(
+        self, tgt_in: torch.Tensor, enc: Enc, attn_layers: range
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The output layer's input (B, T, H) and the cross-attention of the layers asked for (B, len(attn_layers), N, T, S), or None."""
         x = self.embed(tgt_in)  # (B, T, H)
         src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
@@ -244,13 +280,17 @@ class TransformerDecoder(nn.Module):
                 maps.append(weights)  # (B, N, T, S)
         return self.final_norm(x), torch.stack(maps, 1) if maps else None
 
-    def features(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def features(
+        self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher forcing: the output layer's input (B, T, H) and, if asked, cross-attention reduced for plotting (B, T, S)."""
         last = len(self.layers) - 1
         features, maps = self.teacher_forced(tgt_in, enc, range(last, last + 1) if need_attn else range(0))
         return features, reduce_attention(maps) if need_attn else None
 
-    def forward(self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher forcing: logits (B, T, V) and, if asked, cross-attention reduced for plotting (B, T, S)."""
         features, attn = self.features(tgt_in, enc, need_attn)
         return self.output(features), attn
@@ -284,9 +324,15 @@ class TransformerDecoder(nn.Module):
         for i, layer in enumerate(self.layers):
             cache = (state[f"self_k{i}"], state[f"self_v{i}"])
             cross = (enc[f"cross_k{i}"], enc[f"cross_v{i}"])
-            x, (new_state[f"self_k{i}"], new_state[f"self_v{i}"]), weights = layer.step(x, cache, cross, src_mask, i == len(self.layers) - 1)
+            x, (new_state[f"self_k{i}"], new_state[f"self_v{i}"]), weights = layer.step(
+                x, cache, cross, src_mask, i == len(self.layers) - 1
+            )
         logits = self.output(self.final_norm(x[:, 0]))  # (R, V)
-        return logits, new_state, weights.mean(1).reshape(prev.size(0), -1)  # last layer, mean over heads: (B, N, G, S) -> (R, S)
+        return (
+            logits,
+            new_state,
+            weights.mean(1).reshape(prev.size(0), -1),
+        )  # last layer, mean over heads: (B, N, G, S) -> (R, S)
 
 
 def build_transformer(

@@ -40,12 +40,14 @@ def decode_group(model: ServedModel, beam: int, nbest: int, jobs: list[Translate
     responses, start = [], 0
     for job in jobs:
         part, start = translations[start : start + len(job.lines)], start + len(job.lines)
-        responses.append({
-            "translations": model.results(translator, part, job.attention),
-            "model": model.info,
-            "decode": decode_settings(translator.decode),
-            "warnings": model.source_warnings(list(job.lines)),
-        })
+        responses.append(
+            {
+                "translations": model.results(translator, part, job.attention),
+                "model": model.info,
+                "decode": decode_settings(translator.decode),
+                "warnings": model.source_warnings(list(job.lines)),
+            }
+        )
     return responses
 
 
@@ -100,17 +102,27 @@ def create_app(models: list[ServedModel], settings: ServeSettings, decode: Decod
         try:
             return JSONResponse(await batcher.submit(job, len(job.lines)))
         except Exception as err:
-            return JSONResponse({"error": f"decoding failed: {type(err).__name__}: {err}", "field": None}, status_code=500)
+            return JSONResponse(
+                {"error": f"decoding failed: {type(err).__name__}: {err}", "field": None}, status_code=500
+            )
 
     async def list_models(request: Request) -> JSONResponse:
-        return JSONResponse({
-            "models": [m.info | {"max_beam": beams[m.name]} for m in models],
-            "limits": {"max_lines": settings.max_lines, "max_chars": settings.max_chars},
-            "decode": {"beam": decode.beam, "nbest": decode.nbest, "settings": decode_settings(decode)},
-        })
+        return JSONResponse(
+            {
+                "models": [m.info | {"max_beam": beams[m.name]} for m in models],
+                "limits": {"max_lines": settings.max_lines, "max_chars": settings.max_chars},
+                "decode": {"beam": decode.beam, "nbest": decode.nbest, "settings": decode_settings(decode)},
+            }
+        )
 
     async def health(request: Request) -> JSONResponse:
-        counts = {"queued": len(batcher.pending), "batches": batcher.batches, "requests": batcher.jobs, "decode_s": round(batcher.busy, 3), "decode_cpu_s": round(batcher.busy_cpu, 3)}
+        counts = {
+            "queued": len(batcher.pending),
+            "batches": batcher.batches,
+            "requests": batcher.jobs,
+            "decode_s": round(batcher.busy, 3),
+            "decode_cpu_s": round(batcher.busy_cpu, 3),
+        }
         return JSONResponse({"status": "ok", "models": list(by_name)} | counts)
 
     async def page(request: Request) -> FileResponse:
@@ -118,7 +130,9 @@ def create_app(models: list[ServedModel], settings: ServeSettings, decode: Decod
 
     async def http_error(request: Request, err: Exception) -> JSONResponse:
         assert isinstance(err, HTTPException)
-        return JSONResponse({"error": f"{request.method} {request.url.path}: {err.detail}", "field": None}, status_code=err.status_code)
+        return JSONResponse(
+            {"error": f"{request.method} {request.url.path}: {err.detail}", "field": None}, status_code=err.status_code
+        )
 
     @asynccontextmanager
     async def lifespan(app: Starlette):

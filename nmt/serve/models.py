@@ -75,7 +75,9 @@ class ServedModel:
     def searcher(self, beam: int, nbest: int) -> Translator:
         """A Translator with this beam and n-best size (the server's other decode settings), sharing the model."""
         t = self.translator
-        return Translator(t.model, t.tokenizer, replace(t.decode, beam=beam, nbest=nbest), t.device, warn=lambda message: None)
+        return Translator(
+            t.model, t.tokenizer, replace(t.decode, beam=beam, nbest=nbest), t.device, warn=lambda message: None
+        )
 
     def source_warnings(self, lines: list[str]) -> list[str]:
         """The warnings for sources cut to decode.max_src_len, naming the line (counted from 1) of `lines`."""
@@ -93,8 +95,14 @@ class ServedModel:
         texts = iter(translator.detokenize([h for r in translations for h in r.hyps]))
         out = []
         for r in translations:
-            nbest = [{"text": next(texts), "score": round(h.norm_score, 4), "log_prob": round(h.score, 4)} for h in r.hyps]
-            result = {"text": nbest[0]["text"] if nbest else "", "score": nbest[0]["score"] if nbest else None, "nbest": nbest}
+            nbest = [
+                {"text": next(texts), "score": round(h.norm_score, 4), "log_prob": round(h.score, 4)} for h in r.hyps
+            ]
+            result = {
+                "text": nbest[0]["text"] if nbest else "",
+                "score": nbest[0]["score"] if nbest else None,
+                "nbest": nbest,
+            }
             if attention:
                 record = attention_record(0, r, translator.tokenizer)
                 weights = np.round(record.attention.astype(np.float64), 4).tolist()
@@ -108,4 +116,6 @@ def load_model(name: str, checkpoint: str, decode: DecodeConfig, device: torch.d
     from nmt.api import load_model as load
 
     loaded = load(checkpoint, decode.precision, device)  # the API's one loading path: decode.precision as everywhere
-    return ServedModel(name, Translator(loaded.model, loaded.tokenizer, decode, device), loaded.config, loaded.step, loaded.path)
+    return ServedModel(
+        name, Translator(loaded.model, loaded.tokenizer, decode, device), loaded.config, loaded.step, loaded.path
+    )

@@ -17,7 +17,15 @@ from typing import Any
 from nmt.config import ServeSettings
 
 FIELDS = ("text", "beam", "nbest", "attention", "model")
-JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+JSON_TYPES = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 class RequestError(Exception):
@@ -47,9 +55,15 @@ def parse_json(body: bytes) -> dict[str, Any]:
     try:
         value = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RequestError(400, None, f"the body is not valid JSON ({err}); expected an object such as {{\"text\": [\"a sentence\"]}}") from None
+        raise RequestError(
+            400, None, f'the body is not valid JSON ({err}); expected an object such as {{"text": ["a sentence"]}}'
+        ) from None
     if not isinstance(value, dict):
-        raise RequestError(400, None, f"the body is a JSON {JSON_TYPES[type(value)]}; expected an object such as {{\"text\": [\"a sentence\"]}}")
+        raise RequestError(
+            400,
+            None,
+            f'the body is a JSON {JSON_TYPES[type(value)]}; expected an object such as {{"text": ["a sentence"]}}',
+        )
     return value
 
 
@@ -69,16 +83,24 @@ def text_lines(body: dict[str, Any], settings: ServeSettings) -> tuple[str, ...]
         raise RequestError(422, "text", "text: missing; expected a list of strings, one sentence each")
     lines = body["text"]
     if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
-        raise RequestError(422, "text", f"text: expected a list of strings, one sentence each; got {json.dumps(lines)[:80]}")
+        raise RequestError(
+            422, "text", f"text: expected a list of strings, one sentence each; got {json.dumps(lines)[:80]}"
+        )
     if len(lines) > settings.max_lines:
-        raise RequestError(413, "text", f"text: {len(lines)} lines; at most serve.max_lines={settings.max_lines} per request")
+        raise RequestError(
+            413, "text", f"text: {len(lines)} lines; at most serve.max_lines={settings.max_lines} per request"
+        )
     chars = sum(len(line) for line in lines)
     if chars > settings.max_chars:
-        raise RequestError(413, "text", f"text: {chars} characters; at most serve.max_chars={settings.max_chars} per request")
+        raise RequestError(
+            413, "text", f"text: {chars} characters; at most serve.max_chars={settings.max_chars} per request"
+        )
     return tuple(lines)
 
 
-def parse_request(body: bytes, settings: ServeSettings, beams: dict[str, int], default_beam: int, default_nbest: int) -> TranslateRequest:
+def parse_request(
+    body: bytes, settings: ServeSettings, beams: dict[str, int], default_beam: int, default_nbest: int
+) -> TranslateRequest:
     """Check a request body; `beams` maps each model name to the widest beam it accepts."""
     fields = parse_json(body)
     for name in fields:
@@ -88,7 +110,9 @@ def parse_request(body: bytes, settings: ServeSettings, beams: dict[str, int], d
     model = fields.get("model", "a")
     if not isinstance(model, str) or model not in beams:
         raise RequestError(422, "model", f"model={json.dumps(model)}: unknown; expected one of {', '.join(beams)}")
-    beam = integer(fields, "beam", min(default_beam, beams[model]), 1, beams[model], f"the widest beam model {model} accepts")
+    beam = integer(
+        fields, "beam", min(default_beam, beams[model]), 1, beams[model], f"the widest beam model {model} accepts"
+    )
     nbest = integer(fields, "nbest", min(default_nbest, beam), 1, beam, f"at most beam={beam}")
     attention = fields.get("attention", False)
     if not isinstance(attention, bool):

@@ -37,7 +37,9 @@ def step_name(step: int) -> str:
     return f"step_{step}.pt"
 
 
-def save_checkpoint(path: Path, model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, step: int, train_state: dict | None = None) -> None:
+def save_checkpoint(
+    path: Path, model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, step: int, train_state: dict | None = None
+) -> None:
     """Write a self-contained checkpoint atomically; `train_state` holds what exact resume needs."""
     payload = {
         "format": FORMAT,
@@ -135,7 +137,9 @@ def checkpoint_config(payload: dict[str, Any]) -> Config:
     try:
         cfg = config_from_yaml(payload["config"])
     except Exception as err:  # omegaconf raises many types; all mean "not a valid saved config"
-        raise NmtError(f"{payload['path']}: the checkpoint's config is not valid ({str(err).splitlines()[0]})") from None
+        raise NmtError(
+            f"{payload['path']}: the checkpoint's config is not valid ({str(err).splitlines()[0]})"
+        ) from None
     if payload.get("version", 1) < 2:  # trained before model.embed_scale existed: its RNN embeddings read out as stored
         cfg.model.embed_scale = False
     return cfg
@@ -146,7 +150,9 @@ def checkpoint_tokenizer(payload: dict[str, Any]) -> Tokenizer:
     try:
         return Tokenizer.from_state(payload["tokenizer"])
     except Exception as err:  # sentencepiece raises RuntimeError/OSError/TypeError on a bad model
-        raise NmtError(f"{payload['path']}: the checkpoint's tokenizer cannot be read ({str(err).splitlines()[0]})") from None
+        raise NmtError(
+            f"{payload['path']}: the checkpoint's tokenizer cannot be read ({str(err).splitlines()[0]})"
+        ) from None
 
 
 def load_weights(model: Seq2Seq, payload: dict[str, Any]) -> None:
@@ -154,7 +160,9 @@ def load_weights(model: Seq2Seq, payload: dict[str, Any]) -> None:
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as err:
-        raise NmtError(f"{payload['path']}: the weights do not match the model config: {' '.join(str(err).split())[:300]}") from None
+        raise NmtError(
+            f"{payload['path']}: the weights do not match the model config: {' '.join(str(err).split())[:300]}"
+        ) from None
 
 
 def model_from_checkpoint(payload: dict[str, Any], device: torch.device) -> tuple[Seq2Seq, Tokenizer, Config]:
@@ -170,7 +178,9 @@ def average_weights(payloads: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """The element-wise mean of the checkpoints' floating-point weights; other tensors from the last one."""
     first = payloads[0]["model"]
     for payload in payloads[1:]:
-        if payload["model"].keys() != first.keys() or any(payload["model"][k].shape != v.shape for k, v in first.items()):
+        if payload["model"].keys() != first.keys() or any(
+            payload["model"][k].shape != v.shape for k, v in first.items()
+        ):
             raise NmtError(f"{payload['path']}: its weights do not have the names and shapes of {payloads[0]['path']}")
     averaged = {}
     for key, value in payloads[-1]["model"].items():

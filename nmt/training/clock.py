@@ -24,7 +24,12 @@ class Clock:
     """Cumulative wall and CPU seconds of a run, split into training and the phases outside it."""
 
     def __init__(self) -> None:
-        self.before = {"wall": 0.0, "cpu": 0.0, **{f"{p}_wall": 0.0 for p in PHASES}, **{f"{p}_cpu": 0.0 for p in PHASES}}
+        self.before = {
+            "wall": 0.0,
+            "cpu": 0.0,
+            **{f"{p}_wall": 0.0 for p in PHASES},
+            **{f"{p}_cpu": 0.0 for p in PHASES},
+        }
         self.now = dict.fromkeys(self.before, 0.0)  # this process's share since start()
         self.tokens_before = 0  # target tokens trained on in earlier parts of a resumed run
         self.tokens = 0

@@ -68,7 +68,9 @@ class Distributed:
 
         # The models' buffers are constants (the Transformer's sinusoid table), the same on every process from the
         # start: DDP need not broadcast them before every forward pass.
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        return DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+        )
 
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         """Element-wise sum over processes."""

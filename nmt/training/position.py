@@ -30,7 +30,11 @@ class DataPosition:
 
     def batching_now(self) -> tuple[int, int, tuple[float, float]]:
         """The settings an epoch's batches are made with: train.batch_tokens, train.seed, the subword alphas."""
-        return self.cfg.train.batch_tokens, self.cfg.train.seed, (self.cfg.data.src_subword_alpha, self.cfg.data.tgt_subword_alpha)
+        return (
+            self.cfg.train.batch_tokens,
+            self.cfg.train.seed,
+            (self.cfg.data.src_subword_alpha, self.cfg.data.tgt_subword_alpha),
+        )
 
     def next_group(self) -> list[list[int]] | None:
         """The batches of the next update (accumulate x processes, fewer at an epoch's end); None at an epoch's end."""
@@ -51,4 +55,6 @@ class DataPosition:
         if mine:
             return [split.batch(indices) for indices in mine]
         batch = split.batch(group[0])
-        return [Batch(batch.src, batch.src_mask, batch.tgt_in, torch.full_like(batch.tgt_out, PAD))]  # zero loss, zero gradient
+        return [
+            Batch(batch.src, batch.src_mask, batch.tgt_in, torch.full_like(batch.tgt_out, PAD))
+        ]  # zero loss, zero gradient

@@ -93,14 +93,30 @@ class RunLog:
 class Progress:
     """The bar, the periodic progress line and the TensorBoard scalars of one `fit`."""
 
-    def __init__(self, log: RunLog, tb_dir: Path | None, max_steps: int, max_time_s: float | None, step: int, elapsed: float, bar: bool):
+    def __init__(
+        self,
+        log: RunLog,
+        tb_dir: Path | None,
+        max_steps: int,
+        max_time_s: float | None,
+        step: int,
+        elapsed: float,
+        bar: bool,
+    ):
         """tb_dir None: no TensorBoard and no bar (ranks other than 0). `step`/`elapsed`: where this fit starts."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.log, self.max_steps, self.max_time_s = log, max_steps, max_time_s
         self.first_step, self.first_elapsed = step, elapsed  # a resumed run's ETA uses the pace of its own steps
         self.writer = SummaryWriter(str(tb_dir)) if tb_dir is not None else None
-        self.bar = tqdm(total=max_steps, initial=step, disable=None if bar and tb_dir is not None else True, file=sys.stderr, unit="step", dynamic_ncols=True)
+        self.bar = tqdm(
+            total=max_steps,
+            initial=step,
+            disable=None if bar and tb_dir is not None else True,
+            file=sys.stderr,
+            unit="step",
+            dynamic_ncols=True,
+        )
         self.window = Meter()
 
     def update(self, loss: float, tokens: int, seconds: float) -> None:

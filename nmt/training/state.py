@@ -23,7 +23,15 @@ import torch
 
 from nmt.errors import NmtError
 from nmt.runtime import rng_state, set_rng_state
-from nmt.training.checkpoint import BEST, LAST, link_checkpoint, prune_checkpoints, save_checkpoint, step_checkpoints, step_name
+from nmt.training.checkpoint import (
+    BEST,
+    LAST,
+    link_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    step_checkpoints,
+    step_name,
+)
 
 
 def pairs_fingerprint(src_lens: list[int], tgt_lens: list[int]) -> str:
@@ -42,7 +50,11 @@ class CheckpointState:
             "scheduler": self.scheduler.state_dict(),
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
-            "batching": {"batch_tokens": self.batching[0], "seed": self.batching[1], "subword_alphas": list(self.batching[2])},
+            "batching": {
+                "batch_tokens": self.batching[0],
+                "seed": self.batching[1],
+                "subword_alphas": list(self.batching[2]),
+            },
             "pairs": pairs_fingerprint(self.src_lens, self.tgt_lens),
             "elapsed": self.clock.wall(),
             "clock": self.clock.state(),
@@ -83,7 +95,9 @@ class CheckpointState:
         """Continue from a checkpoint of this run (its weights already loaded): optimizer, schedule, counters, RNG, data position."""
         state, where = payload.get("train_state"), payload["path"]
         if not isinstance(state, dict):
-            raise NmtError(f"{where}: holds no training state (an averaged or exported checkpoint?); start from it with init_from= instead")
+            raise NmtError(
+                f"{where}: holds no training state (an averaged or exported checkpoint?); start from it with init_from= instead"
+            )
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
@@ -94,20 +108,28 @@ class CheckpointState:
             by_rank = state.get("rng_by_rank") or [state["rng"]]
             set_rng_state(by_rank[self.dist.rank] if len(by_rank) == self.dist.world else state["rng"])
             if len(by_rank) != self.dist.world and self.dist.rank:
-                torch.manual_seed(self.cfg.train.seed + 1000 * self.dist.rank + self.step)  # another world size: fresh dropout streams
+                torch.manual_seed(
+                    self.cfg.train.seed + 1000 * self.dist.rank + self.step
+                )  # another world size: fresh dropout streams
             if "sampling_rng" in state:
                 self.translator.generator.set_state(state["sampling_rng"])
             self.precision.load(state.get("precision", {}))
             self.clock.load(state.get("clock"), float(state.get("elapsed", 0.0)))
             saved_batching = state.get("batching")
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
-            raise NmtError(f"{where}: its training state is incomplete or corrupt ({type(err).__name__}: {err})") from None
+            raise NmtError(
+                f"{where}: its training state is incomplete or corrupt ({type(err).__name__}: {err})"
+            ) from None
         if saved_batching is not None:
-            alphas = tuple(float(a) for a in saved_batching.get("subword_alphas", (0.0, 0.0)))  # none before sampling existed
+            alphas = tuple(
+                float(a) for a in saved_batching.get("subword_alphas", (0.0, 0.0))
+            )  # none before sampling existed
             self.batching = (int(saved_batching["batch_tokens"]), int(saved_batching["seed"]), alphas)
         self._check_pairs(state.get("pairs"), where)
         self.batch_changes = list(state.get("batch_changes", []))
-        self._note_global_batch(int(state.get("world_size", len(by_rank))), int(state.get("accumulate", self.cfg.train.accumulate)))
+        self._note_global_batch(
+            int(state.get("world_size", len(by_rank))), int(state.get("accumulate", self.cfg.train.accumulate))
+        )
         self._apply_schedule()
         self.saved_step = self.step
         folder = self.run_dir / "checkpoints"
@@ -117,7 +139,11 @@ class CheckpointState:
         now = self.batching_now()
         if now != self.batching and self.batch_in_epoch > 0:
             (tokens, seed, alphas), (new_tokens, new_seed, new_alphas) = self.batching, now
-            subwords = f", subword alphas {alphas[0]}/{alphas[1]} -> {new_alphas[0]}/{new_alphas[1]}" if alphas != new_alphas else ""
+            subwords = (
+                f", subword alphas {alphas[0]}/{alphas[1]} -> {new_alphas[0]}/{new_alphas[1]}"
+                if alphas != new_alphas
+                else ""
+            )
             self.log(
                 f"resume: train.batch_tokens/seed {tokens}/{seed} -> {new_tokens}/{new_seed}{subwords} from epoch {self.epoch + 1}; "
                 f"epoch {self.epoch} finishes with its own batches, so no pair is skipped or repeated"

@@ -38,7 +38,9 @@ class EarlyStopping:
         improved = not self.best or self.better(score, self.best[0][1])
         self.since_best = 0 if improved else self.since_best + 1
         ranked = [(s, v) for s, v in self.best if s != step] + [(step, score)]
-        ranked.sort(key=lambda sv: -sv[1] if HIGHER_IS_BETTER[self.metric] else sv[1])  # stable: earlier step wins a tie
+        ranked.sort(
+            key=lambda sv: -sv[1] if HIGHER_IS_BETTER[self.metric] else sv[1]
+        )  # stable: earlier step wins a tie
         self.best = ranked[: self.keep_best]
         return improved, any(s == step for s, _ in self.best)
 

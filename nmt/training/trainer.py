@@ -52,7 +52,9 @@ class Trainer(CheckpointState, Validation, DataPosition):
     state too (exact resume), otherwise the optimizer and counters start fresh (init_from, fine-tuning).
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, log: Callable[[str], None] | None = None, checkpoint: dict | None = None):
+    def __init__(
+        self, cfg: Config, run_dir: Path, log: Callable[[str], None] | None = None, checkpoint: dict | None = None
+    ):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         train = cfg.train
         self.dist = Distributed.from_env()
@@ -60,7 +62,9 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self.stopping = EarlyStopping(train.early_stop_metric, train.patience, train.keep_best)
         self.guard = BadStepGuard(train.max_bad_steps)
         if cfg.resume is None and any((self.run_dir / "checkpoints").glob("*.pt")):
-            raise NmtError(f"run_dir={self.run_dir}: already holds a run's checkpoints; continue it with resume={self.run_dir}, or choose another run_dir")
+            raise NmtError(
+                f"run_dir={self.run_dir}: already holds a run's checkpoints; continue it with resume={self.run_dir}, or choose another run_dir"
+            )
         if train.threads:
             torch.set_num_threads(train.threads)
         self.device = self.dist.setup(resolve_device(train.device))
@@ -72,8 +76,12 @@ class Trainer(CheckpointState, Validation, DataPosition):
         if checkpoint is not None:
             load_weights(self.model, checkpoint)  # before the run dir exists: a mismatch leaves nothing behind
         self.net = self.dist.wrap(self.model, self.device)  # what training calls: DDP averages its gradients
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train.lr, betas=(0.9, 0.98), eps=1e-9, fused=True)  # one kernel for all weights
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(train.schedule, train.warmup, train.max_steps))
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=train.lr, betas=(0.9, 0.98), eps=1e-9, fused=True
+        )  # one kernel for all weights
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_multiplier(train.schedule, train.warmup, train.max_steps)
+        )
         self.translator = Translator(self.model, tok, cfg.decode, self.device)
         self.step = self.epoch = self.batch_in_epoch = 0
         self.batching = self.batching_now()  # the current epoch's batches were made with these
@@ -83,23 +91,35 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self.bleu_signature: str | None = None
         self.timed_out = False
         self.batch_changes: list[dict] = []  # resumes that changed the global batch (world size, accumulate)
-        self.train_pairs = self.data.splits["train"]  # this epoch's encoding of the training pairs (resampled with data.*_subword_alpha)
-        self.src_lens, self.tgt_lens = self.train_pairs.lengths()  # in the cache's encoding: what identifies the pairs on resume
+        self.train_pairs = self.data.splits[
+            "train"
+        ]  # this epoch's encoding of the training pairs (resampled with data.*_subword_alpha)
+        self.src_lens, self.tgt_lens = (
+            self.train_pairs.lengths()
+        )  # in the cache's encoding: what identifies the pairs on resume
         self.epoch_lens = (self.src_lens, self.tgt_lens)  # in this epoch's encoding: what batching reads
         self._open_run_dir()
         n_params = sum(p.numel() for p in self.model.parameters())
         world = f", {self.dist.world} processes (torchrun)" if self.dist.enabled else ""
-        self.log(f"model: {cfg.model.arch}, {n_params:,} parameters; device {self.device}, {self.precision.name}{world}")
+        self.log(
+            f"model: {cfg.model.arch}, {n_params:,} parameters; device {self.device}, {self.precision.name}{world}"
+        )
         self._warn_oversubscribed()
         if checkpoint is None and max(tok.src_vocab_size, tok.tgt_vocab_size) < cfg.data.vocab_size:
-            self.log(f"warning: data.vocab_size={cfg.data.vocab_size} is more than this training corpus supports; SentencePiece made "
-                     f"{tok.src_vocab_size}/{tok.tgt_vocab_size} (source/target), used instead (results.json: vocab_size_used)")
+            self.log(
+                f"warning: data.vocab_size={cfg.data.vocab_size} is more than this training corpus supports; SentencePiece made "
+                f"{tok.src_vocab_size}/{tok.tgt_vocab_size} (source/target), used instead (results.json: vocab_size_used)"
+            )
         if cfg.data.src_subword_alpha or cfg.data.tgt_subword_alpha:
-            self.log(f"data: training subwords sampled afresh each epoch (alpha: source {cfg.data.src_subword_alpha}, target {cfg.data.tgt_subword_alpha})")
+            self.log(
+                f"data: training subwords sampled afresh each epoch (alpha: source {cfg.data.src_subword_alpha}, target {cfg.data.tgt_subword_alpha})"
+            )
         if checkpoint is not None and cfg.resume is not None:
             self.restore(checkpoint)
         elif checkpoint is not None:
-            self.log(f"init_from: weights of {checkpoint['path']} (step {checkpoint['step']}); fresh optimizer, schedule and counters")
+            self.log(
+                f"init_from: weights of {checkpoint['path']} (step {checkpoint['step']}); fresh optimizer, schedule and counters"
+            )
         if self.dist.rank and cfg.resume is None:
             torch.manual_seed(train.seed + 1000 * self.dist.rank)  # the same weights, but each process its own dropout
 
@@ -128,7 +148,10 @@ class Trainer(CheckpointState, Validation, DataPosition):
 
     def _warn_oversubscribed(self) -> None:
         """Two torch processes with several threads each on the same cores slow each other many times over."""
-        cores, threads = os.cpu_count() or 1, torch.get_num_threads() * (self.dist.world if self.device.type == "cpu" else 1)
+        cores, threads = (
+            os.cpu_count() or 1,
+            torch.get_num_threads() * (self.dist.world if self.device.type == "cpu" else 1),
+        )
         busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         if self.device.type == "cpu" and (threads > cores or (threads > 1 and busy + threads > cores + 0.5)):
             self.log(
@@ -154,7 +177,9 @@ class Trainer(CheckpointState, Validation, DataPosition):
         loss_sum = 0.0
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            with nullcontext() if last or not self.dist.enabled else self.net.no_sync():  # gradients sync once per update
+            with (
+                nullcontext() if last or not self.dist.enabled else self.net.no_sync()
+            ):  # gradients sync once per update
                 with self.precision.autocast():
                     loss = self.loss(batch.to(self.device), self.cfg.train.label_smoothing)
                 self.precision.backward(loss * (self.dist.world / max(total, 1)))  # DDP averages over processes
@@ -176,9 +201,15 @@ class Trainer(CheckpointState, Validation, DataPosition):
     def skipped_update(self) -> None:
         """Count an update skipped for a non-finite value; too many in a row stop the run."""
         stop = self.guard.bad()
-        self.log(f"step {self.step + 1} | non-finite loss or gradient: update skipped ({self.guard.in_a_row} in a row, {self.guard.total} in all)")
+        self.log(
+            f"step {self.step + 1} | non-finite loss or gradient: update skipped ({self.guard.in_a_row} in a row, {self.guard.total} in all)"
+        )
         if stop:
-            last = f"{self.run_dir / 'checkpoints' / 'last.pt'} (step {self.saved_step})" if self.saved_step is not None else "none saved yet"
+            last = (
+                f"{self.run_dir / 'checkpoints' / 'last.pt'} (step {self.saved_step})"
+                if self.saved_step is not None
+                else "none saved yet"
+            )
             raise TrainingStopped(
                 f"step {self.step + 1}: {self.guard.in_a_row} updates in a row had a non-finite loss or gradient "
                 f"(train.max_bad_steps={self.cfg.train.max_bad_steps}), training stopped at epoch {self.epoch} batch {self.batch_in_epoch}; "
@@ -196,7 +227,15 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self.clock.start()
         total = Meter()
         max_time_s = cfg.max_time * 60 if cfg.max_time is not None else None
-        progress = Progress(self.log, self.run_dir / "tb" if self.dist.main else None, cfg.max_steps, max_time_s, self.step, self.elapsed(), cfg.progress)
+        progress = Progress(
+            self.log,
+            self.run_dir / "tb" if self.dist.main else None,
+            cfg.max_steps,
+            max_time_s,
+            self.step,
+            self.elapsed(),
+            cfg.progress,
+        )
         try:
             self._loop(progress, total, max_time_s)
             has_valid = "valid" in self.data.splits
@@ -215,7 +254,12 @@ class Trainer(CheckpointState, Validation, DataPosition):
 
     def _running(self) -> bool:
         cfg = self.cfg.train
-        return self.step < cfg.max_steps and (cfg.max_epochs is None or self.epoch < cfg.max_epochs) and not self.stopping.should_stop and not self.timed_out
+        return (
+            self.step < cfg.max_steps
+            and (cfg.max_epochs is None or self.epoch < cfg.max_epochs)
+            and not self.stopping.should_stop
+            and not self.timed_out
+        )
 
     def _loop(self, progress: Progress, total: Meter, max_time_s: float | None) -> None:
         """Updates from the current data position until a limit or early stopping."""
@@ -226,7 +270,9 @@ class Trainer(CheckpointState, Validation, DataPosition):
             if group is None:
                 continue
             t0 = time.perf_counter()
-            tokens = sum(self.epoch_lens[1][i] + 1 for indices in group for i in indices)  # + EOS: every process's target tokens
+            tokens = sum(
+                self.epoch_lens[1][i] + 1 for indices in group for i in indices
+            )  # + EOS: every process's target tokens
             loss = self.train_step(self.my_batches(group), tokens)
             if loss is None:
                 continue
@@ -237,7 +283,12 @@ class Trainer(CheckpointState, Validation, DataPosition):
             self.clock.tokens += tokens
             progress.update(loss, tokens, seconds)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                progress.report(self.step, self.epoch + self.batch_in_epoch / len(self._batches), self.scheduler.get_last_lr()[0], self.elapsed())
+                progress.report(
+                    self.step,
+                    self.epoch + self.batch_in_epoch / len(self._batches),
+                    self.scheduler.get_last_lr()[0],
+                    self.elapsed(),
+                )
             if max_time_s is not None:
                 self.timed_out = self.dist.agree(self.elapsed() >= max_time_s, self.device)
                 if self.timed_out:

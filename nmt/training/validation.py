@@ -37,7 +37,12 @@ class Validation:
         hyps = self.validation_translator().translate(split.src_text[:n])
         bleu, chrf = corpus_score("bleu", hyps, split.tgt_text[:n]), corpus_score("chrf", hyps, split.tgt_text[:n])
         loss = total / max(tokens, 1)
-        result = {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 50)), "valid_bleu": bleu.score, "valid_chrf": chrf.score}
+        result = {
+            "valid_loss": loss,
+            "valid_ppl": math.exp(min(loss, 50)),
+            "valid_bleu": bleu.score,
+            "valid_chrf": chrf.score,
+        }
         self.log(
             f"step {self.step} | valid loss {loss:.3f} ppl {result['valid_ppl']:.2f} | BLEU {bleu.score:.2f} chrF {chrf.score:.2f} "
             f"({decode_settings(self.cfg.decode)}; {bleu.signature})"
@@ -51,7 +56,9 @@ class Validation:
         if precision == "fp32":
             return self.translator
         converted = to_precision(copy.deepcopy(self.model).eval(), precision)
-        translator = Translator(converted, self.translator.tokenizer, self.cfg.decode, self.device, self.translator.warn)
+        translator = Translator(
+            converted, self.translator.tokenizer, self.cfg.decode, self.device, self.translator.warn
+        )
         translator.generator = self.translator.generator  # sampling continues the run's stream (saved for resume)
         return translator
 
@@ -70,5 +77,7 @@ class Validation:
             self.log(f"step {self.step} | new best valid {metric} {result[f'valid_{metric}']:.4g}, saved {BEST}")
         if self.stopping.should_stop:
             step, score = self.stopping.best[0]
-            self.log(f"step {self.step} | early stop: valid {metric} not improved for {self.stopping.patience} validations (best {score:.4g} at step {step})")
+            self.log(
+                f"step {self.step} | early stop: valid {metric} not improved for {self.stopping.patience} validations (best {score:.4g} at step {step})"
+            )
         return improved, ranked
