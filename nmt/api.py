@@ -42,7 +42,8 @@ __all__ = ["Model", "Result", "Score", "TrainResult", "load", "load_model", "loa
 # --- loading: the one path -------------------------------------------------------------------------------------
 @dataclass
 class Loaded:
-    """A model ready to decode (in its precision, eval mode), its tokenizer, training config, step and checkpoint path."""
+    """A model ready to decode (in its precision, eval mode), its tokenizer, training config,
+    step and checkpoint path."""
 
     model: Seq2Seq | Ensemble
     tokenizer: Tokenizer
@@ -87,7 +88,8 @@ def load_model(
 def load_translator(
     checkpoint: str, decode: DecodeConfig, device_name: str, threads: int | None = None
 ) -> tuple[Translator, Config]:
-    """A Translator for a checkpoint file or run dir (or a comma-separated ensemble), and the config it was trained with."""
+    """A Translator for a checkpoint file or run dir (or a comma-separated ensemble),
+    and the config it was trained with."""
     device = resolve_device(device_name, key="device")
     if threads is not None:
         torch.set_num_threads(threads)
@@ -145,17 +147,22 @@ class Model:
 
     def __repr__(self) -> str:
         m = self.config.model
-        return f"nmt.Model({self.source!r}, arch={m.arch}, step={self.loaded.step}, device={self.device}, {self.decode.precision})"
+        return (
+            f"nmt.Model({self.source!r}, arch={m.arch}, step={self.loaded.step}, device={self.device}, "
+            f"{self.decode.precision})"
+        )
 
     def settings(self, **overrides: Any) -> DecodeConfig:
-        """The decoding settings of one call: the model's defaults with these keys replaced (decode.* names, plus beam)."""
+        """The decoding settings of one call: the model's defaults with these keys replaced
+        (decode.* names, plus beam)."""
         unknown = sorted(set(overrides) - _DECODE_KEYS)
         if unknown:
             raise NmtError(f"{unknown[0]}: not a decoding setting; expected one of {', '.join(sorted(_DECODE_KEYS))}")
         given = {k: v for k, v in overrides.items() if v is not None}
         if "precision" in given and given["precision"] != self.decode.precision:
             raise NmtError(
-                f"precision={given['precision']}: the model was loaded in {self.decode.precision}; give precision= to nmt.load"
+                f"precision={given['precision']}: the model was loaded in {self.decode.precision}; "
+                "give precision= to nmt.load"
             )
         if given.get("nbest", 1) > 1 and "beam" not in given and not given.get("sampling", self.decode.sampling):
             given["beam"] = max(self.decode.beam, given["nbest"])
@@ -268,7 +275,8 @@ def score(
     references: Sequence[str] | Sequence[Sequence[str]],
     metrics: Sequence[str] = ("bleu", "chrf", "ter"),
 ) -> dict[str, Score]:
-    """Corpus scores of hypotheses against one reference per line (or several: a list of reference lists), from sacrebleu."""
+    """Corpus scores of hypotheses against one reference per line (or several: a list of reference lists),
+    from sacrebleu."""
     from nmt.evaluation.metrics import METRICS
 
     hyps = list(hypotheses)

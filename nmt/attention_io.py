@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 import numpy as np
 

@@ -14,8 +14,9 @@ CUDA there?) happen where the device is opened, since a saved config must load o
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -105,7 +106,8 @@ class DataConfig:
     )  # the tokenizer trains on a seeded sample of at most this many sentences (unigram: ~2 KB of memory each)
     joint_vocab: bool = True
     # SentencePiece sampling of the training pairs, afresh each epoch (0 = off): for BPE the merge-dropout probability
-    # (BPE-dropout, 0.1 usual), for unigram the smoothing alpha (subword regularization); valid/test/translation never sample
+    # (BPE-dropout, 0.1 usual), for unigram the smoothing alpha (subword regularization);
+    # valid/test/translation never sample
     src_subword_alpha: float = key(0.0, in_range(0, 1, high_open=False))
     tgt_subword_alpha: float = key(0.0, in_range(0, 1, high_open=False))
     cache_dir: str = "data/cache"
@@ -239,9 +241,9 @@ class DecodeConfig:
     max_src_len: int = key(1024, at_least(1))  # longer sources are cut to this many subword tokens, with a warning
     batch_size: int = key(64, at_least(1))  # sentences per batch
     batch_tokens: int = key(32768, at_least(1))  # and at most this many beam rows x padded source tokens per batch
-    precision: str = key(
-        "fp32", one_of("fp32", "bf16", "int8")
-    )  # linear layers in bf16 or int8 for every search (nmt/models/quantize.py): translate, evaluate, serve, validation, nmt-compare
+    # linear layers in bf16 or int8 for every search (nmt/models/quantize.py):
+    # translate, evaluate, serve, validation, nmt-compare
+    precision: str = key("fp32", one_of("fp32", "bf16", "int8"))
 
     def __post_init__(self) -> None:
         check_fields(self, "decode.")
@@ -256,7 +258,8 @@ class DecodeConfig:
 
 
 def check_workers(workers: int, decode: DecodeConfig) -> None:
-    """Worker processes search batches in any order of completion: fine for search, not for sampling's shared generator."""
+    """Worker processes search batches in any order of completion: fine for search,
+    not for sampling's shared generator."""
     require(
         workers == 1 or not decode.sampling,
         f"workers={workers} with decode.sampling=true: each worker would draw from its own generator and the "
@@ -374,7 +377,8 @@ class ServeConfig:
         check_fields(self, "")
         require(
             not self.decode.sampling,
-            "decode.sampling=true: nmt-serve decodes by search only (a sample would depend on which requests share a batch)",
+            "decode.sampling=true: nmt-serve decodes by search only "
+            "(a sample would depend on which requests share a batch)",
         )
         require(
             self.decode.beam <= self.serve.max_beam,
@@ -453,7 +457,8 @@ class CompareConfig:
         known = (
             f"expected one of {', '.join(self.overrides)}"
             if self.overrides
-            else "none are defined: give experiment=compare_NAME (recipes/experiment/compare_*.yaml), or overrides.NAME=[...]"
+            else "none are defined: give experiment=compare_NAME (recipes/experiment/compare_*.yaml), "
+            "or overrides.NAME=[...]"
         )
         for name in self.variants + ([self.baseline] if self.baseline else []):
             require(name in self.overrides, f"variants: no variant named '{name}'; {known}")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from nmt.errors import NmtError
 
@@ -75,14 +76,16 @@ def check_outputs(
         folder = key in folders
         if path.exists() and path.is_dir() != folder:
             raise NmtError(
-                f"{key}={path}: is a {'file' if folder else 'folder'}, expected {'a folder' if folder else 'a file name'}"
+                f"{key}={path}: is a {'file' if folder else 'folder'}, expected "
+                f"{'a folder' if folder else 'a file name'}"
             )
         for other_key, other in ins:
             inside = folder and other.resolve().is_relative_to(path.resolve())
             if _same(path, other) or inside:
                 what = "holds" if inside and not _same(path, other) else "is"
                 raise NmtError(
-                    f"{key}={path}: {what} the input {other_key}={other}; choose another {key} (it would be overwritten)"
+                    f"{key}={path}: {what} the input {other_key}={other}; choose another {key} "
+                    "(it would be overwritten)"
                 )
     for i, (key, path) in enumerate(outs):
         for other_key, other in outs[i + 1 :]:

@@ -18,7 +18,8 @@ def tune_allocator() -> None:
     about 10% faster. Blocks over 32 MiB, which glibc maps whatever the threshold, come from the heap too
     (M_MMAP_MAX 0): a bf16 Transformer update's 64 MiB logits and gradient cost ~35 ms of page faults each
     otherwise (scripts/bench_train.py, 2 threads: 1.12x tokens/s, peak memory ~10% higher). Memory that
-    must go back (nmt-translate, after each chunk) is released explicitly by `release_freed_memory`. No-op where the C library is not glibc.
+    must go back (nmt-translate, after each chunk) is released explicitly by `release_freed_memory`.
+    No-op where the C library is not glibc.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")

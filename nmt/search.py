@@ -16,8 +16,8 @@ Shape legend: B batch, S source length, T output steps so far, V vocab, K beam, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -265,7 +265,8 @@ class _Beams:
             self.finished.append((t, rows[which, col], token[which, col], top[which, col], self.sent[which]))
 
     def _trace(self, t_end: torch.Tensor, row: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens (F, T) and attention (F, T, S) of F hypotheses ending at step t_end (F,) in row (F,) with token last (F,)."""
+        """Tokens (F, T) and attention (F, T, S) of F hypotheses ending at step t_end (F,) in row
+        (F,) with token last (F,)."""
         steps = int(t_end.max()) + 1
         tokens = torch.full((row.size(0), steps), EOS, dtype=torch.long, device=row.device)
         attention = row.new_zeros(row.size(0), steps, self.attn[0].size(1), dtype=self.attn[0].dtype)

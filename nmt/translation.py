@@ -7,9 +7,9 @@ source longer than decode.max_src_len subword tokens is cut to that length, with
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
@@ -49,7 +49,8 @@ def check_beam(decode: DecodeConfig, vocab_size: int) -> None:
     width = decode.nbest if decode.sampling else decode.beam
     if not decode.sampling and width > emittable:
         raise NmtError(
-            f"decode.beam={width}: wider than the {emittable} tokens the target vocabulary can emit; expected at most {emittable}"
+            f"decode.beam={width}: wider than the {emittable} tokens the target vocabulary can emit; "
+            f"expected at most {emittable}"
         )
 
 
@@ -107,7 +108,8 @@ class Translator:
         return beam_search(self.model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest)
 
     def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
-        """Source ids per line, cut to decode.max_src_len with a warning naming the line (first_line is lines[0]'s number)."""
+        """Source ids per line, cut to decode.max_src_len with a warning naming the line
+        (first_line is lines[0]'s number)."""
         ids = self.tokenizer.encode_src(lines)
         limit = self.decode.max_src_len
         for i, seq in enumerate(ids):
@@ -119,7 +121,8 @@ class Translator:
         return ids
 
     def batches(self, ids: list[list[int]], rows: list[int]) -> Iterator[list[int]]:
-        """`rows` shortest first, in batches of at most batch_size sentences and batch_tokens beam rows x source tokens."""
+        """`rows` shortest first, in batches of at most batch_size sentences and batch_tokens beam rows x source
+        tokens."""
         width = self.decode.nbest if self.decode.sampling else self.decode.beam
         batch: list[int] = []
         for i in sorted(rows, key=lambda i: len(ids[i])):

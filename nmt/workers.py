@@ -13,7 +13,7 @@ each loads the checkpoint itself.
 from __future__ import annotations
 
 import multiprocessing
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -59,7 +59,8 @@ def _unpack(packed: list[Packed]) -> list[list[Hypothesis]]:
 
 
 class SearchPool:
-    """`workers` processes that each load the checkpoint with `threads` torch threads and search batches of source ids."""
+    """`workers` processes that each load the checkpoint with `threads` torch threads and search batches of source
+    ids."""
 
     def __init__(self, checkpoint: str, decode: DecodeConfig, device: str, workers: int, threads: int):
         context = multiprocessing.get_context("spawn")
@@ -74,7 +75,7 @@ class SearchPool:
         self.pool.terminate()
         self.pool.join()
 
-    def __enter__(self) -> "SearchPool":
+    def __enter__(self) -> SearchPool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,8 +1,8 @@
 """Attention cost against length: forward+backward time and peak memory of each variant, plotted log-log.
 
-    python scripts/bench_attention.py                          # lengths 16..1024, prints a table, writes docs/attention_cost.png
+    python scripts/bench_attention.py                 # lengths 16..1024, prints a table, writes docs/attention_cost.png
     python scripts/bench_attention.py --max-len 256 --runs 3 --plot /tmp/cost.png
-    python scripts/bench_attention.py --device cuda            # peak memory from the CUDA allocator
+    python scripts/bench_attention.py --device cuda   # peak memory from the CUDA allocator
 
 Every variant attends T = n queries over S = n source positions (n = 16, 32, ..., --max-len), a batch of
 --batch sentences, model width --dim (queries, keys and values), attention hidden size --dim, local
@@ -23,8 +23,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -114,7 +114,7 @@ def measure(args: argparse.Namespace) -> tuple[list[int], dict[str, list[tuple[f
             query = torch.randn(args.batch, n, args.dim, device=device, requires_grad=True)
             keys = torch.randn(args.batch, n, args.dim, device=device, requires_grad=True)
             mask = torch.ones(args.batch, n, dtype=torch.bool, device=device)
-            run = lambda: step(fn, params, query, keys, mask)  # noqa: E731
+            run = lambda fn=fn, params=params, query=query, keys=keys, mask=mask: step(fn, params, query, keys, mask)  # noqa: E731
             results[name].append((seconds(run, device, args.runs), peak_bytes(run, device) / 2**20))
             print(
                 f"{name:>22} n={n:5d}: {results[name][-1][0] * 1e3:9.2f} ms {results[name][-1][1]:9.1f} MB",
@@ -125,7 +125,8 @@ def measure(args: argparse.Namespace) -> tuple[list[int], dict[str, list[tuple[f
 
 
 def table(lengths: list[int], results: dict[str, list[tuple[float, float]]]) -> str:
-    """Time (ms) and peak memory (MB) per variant and length, and the growth factor from n/2 to n at the longest length."""
+    """Time (ms) and peak memory (MB) per variant and length,
+    and the growth factor from n/2 to n at the longest length."""
     head = f"{'variant':>22} | " + " ".join(f"{n:>8d}" for n in lengths) + " | x per doubling (last)"
     lines = [head, "-" * len(head)]
     for name, rows in results.items():
@@ -188,7 +189,10 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(args.threads)
     lengths, results = measure(args)
     print(table(lengths, results))
-    title = f"batch {args.batch}, dim {args.dim}, D={args.window}, {args.device}, {args.threads} thread(s), median of {args.runs}"
+    title = (
+        f"batch {args.batch}, dim {args.dim}, D={args.window}, {args.device}, {args.threads} thread(s), "
+        f"median of {args.runs}"
+    )
     plot(lengths, results, args.plot, title)
     print(f"plot: {args.plot} ({title})")
 

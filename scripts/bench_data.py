@@ -44,7 +44,8 @@ def _words(rng: np.random.Generator, count: int) -> np.ndarray:
 
 
 def generate(prefix: Path, pairs: int, seed: int = 1) -> None:
-    """PREFIX.src / PREFIX.tgt: `pairs` lines of 3-30 Zipf-drawn words, the target a word-for-word mapping with 10% dropped."""
+    """PREFIX.src / PREFIX.tgt: `pairs` lines of 3-30 Zipf-drawn words,
+    the target a word-for-word mapping with 10% dropped."""
     rng = np.random.default_rng(seed)
     src_words, tgt_words = _words(rng, LEXICON), _words(rng, LEXICON)
     prefix.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """Decoding speed: sentences/s and output tokens/s, fp32 / bf16 / int8, greedy and beam 5, against a baseline.
 
-    python scripts/bench_decode.py --threads 2                                   # untrained models, fixed output length
-    python scripts/bench_decode.py --threads 2 --checkpoint runs/m30k_tf runs/m30k_bahdanau   # trained models: own lengths, BLEU
-    python scripts/bench_decode.py --threads 2 --baseline b3c1183 --ct2          # also a commit's search and CTranslate2
+    python scripts/bench_decode.py --threads 2                              # untrained models, fixed output length
+    python scripts/bench_decode.py --threads 2 \
+        --checkpoint runs/m30k_tf runs/m30k_bahdanau                        # trained models: own lengths, BLEU
+    python scripts/bench_decode.py --threads 2 --baseline b3c1183 --ct2     # also a commit's search and CTranslate2
 
 Source: Multi30k test_2016_flickr (English, 1,000 sentences) from --data (default ../shared/data/multi30k).
 Models: without --checkpoint, untrained models of the recipes' shapes (recipes/model/{transformer,bahdanau,
@@ -63,7 +64,7 @@ def rss_mib() -> float:
 class PeakMemory:
     """The largest resident set size seen while the block runs (sampled every 5 ms)."""
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self.before = self.peak = rss_mib()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -180,7 +181,8 @@ def ct2_worker(job: dict) -> dict:
     fixed = job["fixed_len"]
 
     def decode(lines: list[str]) -> list[list[int]]:
-        """Shortest first in batches of job["batch"] as nmt does, each with nmt's length limit (1.5 * longest source + 10)."""
+        """Shortest first in batches of job["batch"] as nmt does, each with nmt's length limit
+        (1.5 * longest source + 10)."""
         pieces = [sp_src.encode(line, out_type=str) for line in lines]
         order = sorted(range(len(lines)), key=lambda i: len(pieces[i]))
         outputs: list[list[int]] = [[] for _ in lines]
@@ -249,7 +251,8 @@ def run_job(job: dict, tree: Path, work: Path) -> dict:
 
 
 def untrained_checkpoints(args, work: Path) -> tuple[list[tuple[str, Path]], int]:
-    """Untrained models of the recipes' shapes saved as checkpoints (so every worker loads the same weights), and the fixed length."""
+    """Untrained models of the recipes' shapes saved as checkpoints (so every worker loads the same weights),
+    and the fixed length."""
     import torch
     from omegaconf import OmegaConf
 
@@ -319,8 +322,8 @@ def bench_model(
     """One table per model: every engine and precision, greedy and beam, with ratios against the baseline's fp32."""
     print(f"\n== {name}: {len(lines)} sentences, batch {args.batch}, {args.threads} thread(s) ==")
     print(
-        f"{'engine':<16} {'search':<7} {'sent/s':>7} {'tok/s':>7} {'cpu ms/sent':>11} {'peak MiB':>8} {'rise MiB':>8} {'vs base':>7} {'same as fp32':>12}"
-        + ("  BLEU" if fixed_len is None else ""),
+        f"{'engine':<16} {'search':<7} {'sent/s':>7} {'tok/s':>7} {'cpu ms/sent':>11} {'peak MiB':>8} {'rise MiB':>8} "
+        f"{'vs base':>7} {'same as fp32':>12}" + ("  BLEU" if fixed_len is None else ""),
         flush=True,
     )
     ct2_dir = export_ct2(checkpoint, work) if args.ct2 else None
@@ -363,17 +366,19 @@ def bench_model(
             versus = f"{results['baseline', 'fp32']['wall_s'] / r['wall_s']:.2f}x" if baseline else ""
             same = sum(a == b for a, b in zip(r["outputs"], reference))
             print(
-                f"{engine + ' ' + precision:<16} {('greedy' if beam == 1 else f'beam {beam}'):<7} {len(lines) / r['wall_s']:>7.1f} {tokens / r['wall_s']:>7.0f} "
-                f"{1000 * r['cpu_s'] / len(lines):>11.2f} {r['peak_mib']:>8.0f} {r['rise_mib']:>8.0f} {versus:>7} {same:>5}/{len(lines):<6}"
-                + (f"  {bleu(r['text'], refs):.2f}" if fixed_len is None else ""),
+                f"{engine + ' ' + precision:<16} {('greedy' if beam == 1 else f'beam {beam}'):<7} "
+                f"{len(lines) / r['wall_s']:>7.1f} {tokens / r['wall_s']:>7.0f} "
+                f"{1000 * r['cpu_s'] / len(lines):>11.2f} {r['peak_mib']:>8.0f} {r['rise_mib']:>8.0f} {versus:>7} "
+                f"{same:>5}/{len(lines):<6}" + (f"  {bleu(r['text'], refs):.2f}" if fixed_len is None else ""),
                 flush=True,
             )
         for r in results.values():
             if "unbatched" in r:
                 u = r["unbatched"]
                 print(
-                    f"  beam {beam} one sentence at a time ({u['sentences']} sentences): {u['sentences'] / u['wall_s']:.1f} sent/s; "
-                    f"batched outputs {'equal' if u['same'] else 'DIFFER FROM'} the unbatched ones"
+                    f"  beam {beam} one sentence at a time ({u['sentences']} sentences): "
+                    f"{u['sentences'] / u['wall_s']:.1f} sent/s; batched outputs "
+                    f"{'equal' if u['same'] else 'DIFFER FROM'} the unbatched ones"
                 )
             if "profile" in r:
                 print(f"  torch.profiler, nmt fp32, beam {beam}, 256 sentences:\n{r['profile']}")
@@ -439,8 +444,9 @@ def main() -> None:
         "?",
     )
     print(
-        f"torch {torch.__version__}; {cpu}, {os.cpu_count()} cores; load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
-        f"(others' work slows a shared machine: compare rows of one run)"
+        f"torch {torch.__version__}; {cpu}, {os.cpu_count()} cores; load average "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} (others' work slows a shared machine: compare rows of one "
+        "run)"
     )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -160,7 +160,8 @@ def main() -> None:
     total = sum(len(lines) for requests in work for lines in requests)
     print(
         f"nmt-serve load test: {args.clients} clients x {args.requests} requests of 1-{args.max_lines} sentences "
-        f"({total} sentences, seed {args.seed}), beam {args.beam}, {args.threads} thread(s), max_wait {args.max_wait_ms} ms"
+        f"({total} sentences, seed {args.seed}), beam {args.beam}, {args.threads} thread(s), "
+        f"max_wait {args.max_wait_ms} ms"
     )
     server, base = start_server(args)
     try:
@@ -180,7 +181,8 @@ def main() -> None:
     print(f"latency      p50 {1000 * percentile(latencies, 50):.0f} ms, p99 {1000 * percentile(latencies, 99):.0f} ms")
     busy = after["decode_s"] - before["decode_s"]
     print(
-        f"batches      {batches} ({requests / max(batches, 1):.1f} requests per batch); the decoding thread was busy {100 * busy / wall:.0f}% of the time"
+        f"batches      {batches} ({requests / max(batches, 1):.1f} requests per batch); the decoding thread was busy "
+        f"{100 * busy / wall:.0f}% of the time"
     )
     decode_cpu = after["decode_cpu_s"] - before["decode_cpu_s"]
     print(
@@ -191,11 +193,12 @@ def main() -> None:
     if not args.no_baseline:
         alone, alone_cpu = baseline(args, [line for requests in work for lines in requests for line in lines])
         print(
-            f"in-process   {total / alone:.1f} sentences/s for the same sentences at once; the server reached {alone / wall:.2f}x of it"
+            f"in-process   {total / alone:.1f} sentences/s for the same sentences at once; the server reached "
+            f"{alone / wall:.2f}x of it"
         )
         print(
-            f"per CPU-s    server {total / cpu[0]:.1f} sentences, in-process {total / alone_cpu:.1f} ({alone_cpu / cpu[0]:.2f}x): "
-            "the fair comparison on a machine shared with other jobs"
+            f"per CPU-s    server {total / cpu[0]:.1f} sentences, in-process {total / alone_cpu:.1f} "
+            f"({alone_cpu / cpu[0]:.2f}x): the fair comparison on a machine shared with other jobs"
         )
     sys.exit(1 if failures else 0)
 

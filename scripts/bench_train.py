@@ -100,7 +100,8 @@ def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
             rates.append(tokens / elapsed)
             sentence_rates.append(sentences / elapsed)
             print(
-                f"{precision} run {run + 1}: {tokens / elapsed:,.0f} target tokens/s, {sentences / elapsed:,.1f} sentences/s",
+                f"{precision} run {run + 1}: {tokens / elapsed:,.0f} target tokens/s, "
+                f"{sentences / elapsed:,.1f} sentences/s",
                 file=sys.stderr,
             )
         peak = matmul_peak(precision, trainer.device)
@@ -112,7 +113,8 @@ def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
             "padding": padding(src_lens, tgt_lens, batches),
             "mfu": flops_per_token * tokens_per_s / peak,
             "peak_gflops": peak / 1e9,
-            "model": f"{cfg.model.arch} d{cfg.model.dim} x{cfg.model.layers}, {sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M parameters",
+            "model": f"{cfg.model.arch} d{cfg.model.dim} x{cfg.model.layers}, "
+            f"{sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M parameters",
             "device": str(trainer.device),
         }
 
@@ -128,14 +130,16 @@ def main(argv: list[str]) -> None:
     cfg = compose("config", overrides + ["train.progress=false"])
     results = [bench(cfg, p, args.steps, args.warmup, args.runs) for p in args.precisions.split(",")]
     print(
-        f"\n{results[0]['model']}, batch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}, device {results[0]['device']}"
+        f"\n{results[0]['model']}, batch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}, "
+        f"device {results[0]['device']}"
     )
     print(f"padding: source {results[0]['padding'][0]:.1%}, target {results[0]['padding'][1]:.1%} of padded positions")
     print("| precision | target tokens/s | sentences/s | matmul peak GFLOP/s | MFU |")
     print("|---|---|---|---|---|")
     for r in results:
         print(
-            f"| {r['precision']} | {r['tokens_per_s']:,.0f} | {r['sentences_per_s']:,.1f} | {r['peak_gflops']:,.0f} | {r['mfu']:.1%} |"
+            f"| {r['precision']} | {r['tokens_per_s']:,.0f} | {r['sentences_per_s']:,.1f} | {r['peak_gflops']:,.0f} | "
+            f"{r['mfu']:.1%} |"
         )
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
 

@@ -173,12 +173,14 @@ def main() -> None:
     lines = [
         "# The essay's claims, measured",
         "",
-        f"From `{out}` ({summary.get('name')}): {len(plan.seeds)} seeds per variant, test set {len(test.ref)} sentences. "
-        f"Δ is A minus B. Quality tests: paired cluster bootstrap over test sentences ({args.samples} draws, seed {args.seed}) and "
-        f"Welch's t-test over seeds (needs {MIN_SEEDS}+ seeds), Holm-Bonferroni over the {len(tested)} quality claims at alpha {ALPHA}. "
-        "Costs: median over seeds, A / B, Welch's test on the per-seed values.",
+        f"From `{out}` ({summary.get('name')}): {len(plan.seeds)} seeds per variant, test set {len(test.ref)} "
+        f"sentences. Δ is A minus B. Quality tests: paired cluster bootstrap over test sentences ({args.samples} "
+        f"draws, seed {args.seed}) and Welch's t-test over seeds (needs {MIN_SEEDS}+ seeds), Holm-Bonferroni over the "
+        f"{len(tested)} quality claims at alpha {ALPHA}. Costs: median over seeds, A / B, "
+        "Welch's test on the per-seed values.",
         "",
-        "| # | claim | A | B | BLEU A | BLEU B | sentence bootstrap Δ [95% CI], p | seed test Δ [95% CI], p | other evidence | verdict |",
+        "| # | claim | A | B | BLEU A | BLEU B | sentence bootstrap Δ [95% CI], p | seed test Δ [95% CI], p | "
+        "other evidence | verdict |",
         "|---|---|---|---|---:|---:|---|---|---|---|",
     ]
     for claim, q, c, missing in rows:
@@ -219,11 +221,13 @@ def main() -> None:
             a, b = variants[claim.better]["length_bleu"][-1], variants[claim.worse]["length_bleu"][-1]
             bucket = summary["length_buckets"][-1]
             evidence.append(
-                f"longest bucket ({bucket['words']} words, n={bucket['sentences']}): A {a['mean']:.1f}, B {b['mean']:.1f}"
+                f"longest bucket ({bucket['words']} words, n={bucket['sentences']}): A {a['mean']:.1f}, "
+                f"B {b['mean']:.1f}"
             )
         lines.append(
-            f"| {claim.number} | {claim.text} | {claim.better} | {claim.worse} | {fmt(q['a']) if q else 'n/a'} | {fmt(q['b']) if q else 'n/a'} | "
-            f"{interval(q['boot']) if q else 'n/a'} | {interval(q['welch']) if q else 'n/a'} | {'; '.join(evidence) or claim.note} | {verdict} |"
+            f"| {claim.number} | {claim.text} | {claim.better} | {claim.worse} | {fmt(q['a']) if q else 'n/a'} | "
+            f"{fmt(q['b']) if q else 'n/a'} | {interval(q['boot']) if q else 'n/a'} | "
+            f"{interval(q['welch']) if q else 'n/a'} | {'; '.join(evidence) or claim.note} | {verdict} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")

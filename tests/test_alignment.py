@@ -32,7 +32,8 @@ def test_aer_on_a_hand_worked_example():
             [0.0, 0.0, 0.0, 0.0, 1.0],
         ]
     )
-    # Target word 0 = mean of rows ▁x and y = [0.3, 0.15, 0.2, 0.1] (</s> dropped); source words: a 0.3, bc 0.15 + 0.2 = 0.35, d 0.1.
+    # Target word 0 = mean of rows ▁x and y = [0.3, 0.15, 0.2, 0.1] (</s> dropped);
+    # source words: a 0.3, bc 0.15 + 0.2 = 0.35, d 0.1.
     # Its argmax is "bc" (word 1), although the single largest piece weight (0.3) is on ▁a: merging subwords matters.
     # Target word 1 = row ▁z = [0.0, 0.1, 0.1, 0.7]: a 0.0, bc 0.2, d 0.7 -> word 2.
     words = merge_to_words(attention, [0, 1, 1, 2], [0, 0, 1])
@@ -45,7 +46,8 @@ def test_aer_on_a_hand_worked_example():
     score.add(predicted, parse_pharaoh("1-0 0-1 2?1", "gold:1"))
     assert (score.precision, score.recall, score.aer) == (1.0, 0.5, 0.25)
     # Sentence 2: "e" -> "w", attention [[0.9, 0.1], [0, 1]], gold "0-0": A = {(0,0)}, one sure hit.
-    # Summed over the corpus: |A| = 3, |S| = 3, |A&S| = 2, |A&P| = 3: precision 1, recall 2/3, AER = 1 - (2 + 3) / (3 + 3) = 1/6.
+    # Summed over the corpus: |A| = 3, |S| = 3, |A&S| = 2, |A&P| = 3: precision 1, recall 2/3,
+    # AER = 1 - (2 + 3) / (3 + 3) = 1/6.
     score.add(
         argmax_links(merge_to_words(np.array([[0.9, 0.1], [0.0, 1.0]]), [0], [0])), parse_pharaoh("0-0", "gold:2")
     )

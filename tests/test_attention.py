@@ -227,7 +227,8 @@ def test_local_p_position_and_gaussian_worked_by_hand():
     #        p_t = S_b * 0.75 = 5 * 0.75 = 3.75 and 2 * 0.75 = 1.5
     torch.testing.assert_close(attention.positions(query, mask, None), torch.tensor([[3.75], [1.5]]))
     context, weights = attention(query, attention.prepare(keys), keys, mask)
-    # eq. 10, sigma = D / 2 = 1: a_t(s) = align(s) * exp(-(s - p_t)^2 / 2), align uniform over the window's real positions
+    # eq. 10, sigma = D / 2 = 1: a_t(s) = align(s) * exp(-(s - p_t)^2 / 2),
+    # align uniform over the window's real positions
     # sentence 1, p = 3.75: window [1.75, 5.75] -> s = 2, 3, 4, align 1/3 each
     #   exp(-1.75^2 / 2) / 3 = 0.216265 / 3 = 0.072088;  exp(-0.75^2 / 2) / 3 = 0.754840 / 3 = 0.251613;
     #   exp(-0.25^2 / 2) / 3 = 0.969233 / 3 = 0.323078
@@ -289,7 +290,8 @@ def test_hard_attention_gradient_is_the_gumbel_softmax_relaxations():
     [("general", "local_p", 2), ("additive", "local_p", 1), ("dot", "local_m", 2), ("concat", "local_m", 7)],
 )
 def test_banded_window_equals_scoring_every_position_then_masking(score, window, D):
-    """The band scores 2D + 2 gathered keys per query; the dense reference scores all S and masks: same weights, context, gradients."""
+    """The band scores 2D + 2 gathered keys per query; the dense reference scores all S and masks:
+    same weights, context, gradients."""
     torch.manual_seed(0)
     attention = make_attention(score, 8, 8, 8, window=window, window_size=D)
     attention.band_from = 0  # the band at any length (by default only on long sources)

@@ -1,4 +1,5 @@
-"""nmt-compare end to end on the toy task: tiny variants, the report folder, report_only, and a SIGKILL in the middle."""
+"""nmt-compare end to end on the toy task: tiny variants, the report folder, report_only,
+and a SIGKILL in the middle."""
 
 import csv
 import json
@@ -111,7 +112,8 @@ def test_report_only_rebuilds_from_the_runs_with_another_baseline(compared, caps
 
 
 def killing_luong_at_step_6():
-    """A Trainer.train_step that SIGKILLs its own process just before the luong run's update 6 (after its checkpoint at step 4)."""
+    """A Trainer.train_step that SIGKILLs its own process just before the luong run's update 6
+    (after its checkpoint at step 4)."""
     update = Trainer.train_step
 
     def train_step(self, batches, tokens=None):

@@ -73,8 +73,8 @@ def test_a_comparison_resumed_with_other_thresholds_is_scored_again_not_retraine
     )
     assert code == 0, err
     assert (
-        "transformer seed 1: scored earlier with other settings (under_attended: 0.5 -> 0.25); scoring again, not retraining"
-        in out
+        "transformer seed 1: scored earlier with other settings (under_attended: 0.5 -> 0.25); scoring again, "
+        "not retraining" in out
     )
     assert eval_of(spawned)["settings"]["under_attended"] == 0.25
     assert (spawned / "runs" / "transformer" / "seed1" / "results.json").stat().st_mtime_ns == trained_at
@@ -83,7 +83,8 @@ def test_a_comparison_resumed_with_other_thresholds_is_scored_again_not_retraine
     one_error_line(
         code,
         err,
-        "error: report_only=true: transformer seed 1 was scored with under_attended=0.25, but the report would state under_attended=0.4",
+        "error: report_only=true: transformer seed 1 was scored with under_attended=0.25, "
+        "but the report would state under_attended=0.4",
     )
     code, _, err = cli(compare.main, ["report_only=true", f"out={spawned}", "heatmap_lines=[1]"], capsys)
     one_error_line(code, err, "was scored with heatmap_lines=")

@@ -12,7 +12,7 @@ from tests.conftest import write
 
 def test_text_pair_plain_and_gzip(tmp_path):
     write(tmp_path / "c.en", ["a b", "c"])
-    (tmp_path / "c.de.gz").write_bytes(gzip.compress("x y\nz\n".encode()))
+    (tmp_path / "c.de.gz").write_bytes(gzip.compress(b"x y\nz\n"))
     text = read_text_pair(str(tmp_path / "c"), "en", "de")
     assert text.src == ["a b", "c"] and text.tgt == ["x y", "z"]
 

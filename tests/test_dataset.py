@@ -74,7 +74,6 @@ def test_memory_mapped_split_gives_the_batches_of_in_memory_lists(toy_dir, tmp_p
     import torch
 
     from nmt.data import dataset
-
     from nmt.data.batching import make_batch, token_batches
     from nmt.data.corpus import read_lines
     from nmt.data.tokenizer import Tokenizer

@@ -23,7 +23,8 @@ def test_summary_over_two_sentences():
     # Sentence 1: 3 source tokens + </s>; rows uniform (entropy log 4, max 0.25) and one-hot (0, 1);
     # coverage [1.25, 0.25, 0.25]: two of three under 0.5, none over 2.
     first = np.array([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0]])
-    # Sentence 2: 2 source tokens + </s>; entropies log 2, 0, 0; maxima 0.5, 1, 1; coverage [0.5, 2.5]: 0.5 is not under 0.5, 2.5 is over 2.
+    # Sentence 2: 2 source tokens + </s>; entropies log 2, 0, 0; maxima 0.5, 1, 1;
+    # coverage [0.5, 2.5]: 0.5 is not under 0.5, 2.5 is over 2.
     second = np.array([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
     stats = AttentionStats(under=0.5, over=2.0)
     stats.add(first)

@@ -1,4 +1,5 @@
-"""The CPU dropout of nmt/models/dropout.py: the rate asked for, the expectation kept, the gradient through the same mask."""
+"""The CPU dropout of nmt/models/dropout.py: the rate asked for, the expectation kept,
+the gradient through the same mask."""
 
 import pytest
 import torch

@@ -79,7 +79,8 @@ def test_missing_file(tmp_path, capsys):
 
 
 def test_unreadable_file(tmp_path, capsys, corpus, monkeypatch):
-    """Tests run as root, where chmod cannot deny a read: the OS error is simulated (the corpus is streamed through Path.open)."""
+    """Tests run as root, where chmod cannot deny a read: the OS error is simulated
+    (the corpus is streamed through Path.open)."""
     open_path = Path.open
 
     def denied(self, *args, **kwargs):
@@ -150,7 +151,8 @@ def test_bad_tsv_and_jsonl_lines(tmp_path, capsys):
         ),
         (
             "nosuch=1",
-            "error: nosuch: unknown key 'nosuch'; valid keys at the top level: data, model, train, decode, run_dir, resume, init_from",
+            "error: nosuch: unknown key 'nosuch'; valid keys at the top level: data, model, train, decode, "
+            "run_dir, resume, init_from",
         ),
         (
             "model=no_such_model",
@@ -238,8 +240,9 @@ def test_init_from_with_another_model_size_or_vocabulary(checkpoint, tmp_path, c
         tmp_path,
         capsys,
         corpus / "ok",
-        f"error: init_from={checkpoint}: the checkpoint does not match the model asked for: model.dim is 32 in the checkpoint, 64 asked; "
-        "model.ffn_dim is 64 in the checkpoint, 128 asked (fine-tuning keeps the checkpoint's architecture and vocabulary; drop these overrides)",
+        f"error: init_from={checkpoint}: the checkpoint does not match the model asked for: model.dim is 32 in the "
+        "checkpoint, 64 asked; model.ffn_dim is 64 in the checkpoint, 128 asked (fine-tuning keeps the checkpoint's "
+        "architecture and vocabulary; drop these overrides)",
         extra=[f"init_from={checkpoint}", "model.dim=64", "model.ffn_dim=128"],
     )
     train_fails(
@@ -276,7 +279,8 @@ def test_resume_mistakes(tmp_path, capsys, checkpoint):
     one_error_line(
         code,
         err,
-        f"error: {tmp_path}/run/checkpoints/last.pt: holds no training state (an averaged or exported checkpoint?); start from it with init_from= instead",
+        f"error: {tmp_path}/run/checkpoints/last.pt: holds no training state (an averaged or exported checkpoint?); "
+        "start from it with init_from= instead",
     )
 
 
@@ -287,7 +291,8 @@ def test_a_new_run_does_not_overwrite_a_run_dir_with_checkpoints(tmp_path, capsy
     one_error_line(
         code,
         err,
-        f"error: run_dir={tmp_path}/run: already holds a run's checkpoints; continue it with resume={tmp_path}/run, or choose another run_dir",
+        f"error: run_dir={tmp_path}/run: already holds a run's checkpoints; "
+        f"continue it with resume={tmp_path}/run, or choose another run_dir",
     )
     assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == checkpoint.read_bytes()
 

@@ -5,8 +5,8 @@ import torch
 
 from nmt.cli import export
 from nmt.config import Config, DataConfig, DecodeConfig, ModelConfig
-from nmt.data.corpus import read_lines
 from nmt.data.batching import make_batch
+from nmt.data.corpus import read_lines
 from nmt.data.tokenizer import Tokenizer
 from nmt.models.seq2seq import build_model
 from nmt.training.checkpoint import save_checkpoint
@@ -31,7 +31,8 @@ def corpus(toy_dir):
 
 
 def checkpoint(tmp_path, corpus, joint: bool, norm: str, scale: bool, steps: int = 60):
-    """A tiny Transformer trained for a few seconds on the toy corpus (its outputs already depend on the source), saved."""
+    """A tiny Transformer trained for a few seconds on the toy corpus
+    (its outputs already depend on the source), saved."""
     src, tgt, _, _ = corpus
     tokenizer = Tokenizer.train(src, tgt, 120, "unigram", joint=joint)
     src_ids, tgt_ids = tokenizer.encode_src(src), tokenizer.encode_tgt(tgt)

@@ -18,7 +18,7 @@ def mirror(tmp_path, toy_dir, monkeypatch):
     for split, toy, n in (("train", "train", 300), ("val", "valid", 20), ("test_2016_flickr", "test", 20)):
         for lang, side in (("en", "src"), ("de", "tgt")):
             lines = (toy_dir / f"{toy}.{side}").read_text().splitlines()[:n]
-            (folder / f"{split}.{lang}.gz").write_bytes(gzip.compress("".join(l + "\n" for l in lines).encode()))
+            (folder / f"{split}.{lang}.gz").write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
     monkeypatch.setenv("NMT_MULTI30K_URL", folder.as_uri())
     return folder
 

@@ -89,8 +89,9 @@ def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
     "name", [n for n in GROUPS["experiment"] if n.startswith("multi30k_") and n.endswith("_10min")]
 )
 def test_ten_minute_multi30k_recipes_train_on_the_corpus_to_their_time_budget(name, tmp_path, tmp_path_factory, capsys):
-    """Each 10-minute recipe, with its budget cut to 3 seconds: it trains on the real corpus, stops on time, validates and
-    saves; the README's next step (nmt-average of the last checkpoints, then nmt-evaluate) takes what it wrote."""
+    """Each 10-minute recipe, with its budget cut to 3 seconds: it trains on the real corpus, stops on time,
+    validates and saves; the README's next step (nmt-average of the last checkpoints, then nmt-evaluate) takes
+    what it wrote."""
     from nmt.cli import average, train
 
     cfg = compose("config", [f"experiment={name}"])

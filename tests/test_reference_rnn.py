@@ -407,7 +407,8 @@ def test_luong_decoder_follows_the_paper(name):
 def test_luong_first_step_worked_by_hand():
     """One step on 1-dim states: h_1 from the LSTM, dot attention with h_1, h~_1 = tanh(W_c [c_1; h_1]).
 
-    Fails if the query were h_0 instead of h_1, W_c read [h_1; c_1], the tanh were left out, or h~_1 were not kept to feed.
+    Fails if the query were h_0 instead of h_1, W_c read [h_1; c_1], the tanh were left out,
+    or h~_1 were not kept to feed.
     """
     dec = decoder(arch="luong", cell="lstm", score="dot", dim=1, embed_dim=1)
     set_params(
@@ -435,7 +436,8 @@ def test_luong_first_step_worked_by_hand():
     with torch.no_grad():
         logits, state, attn = dec.step(torch.tensor([BOS]), enc, dec.init_state(enc))
     # all LSTM weights 0: i = f = o = sigma(0) = 0.5, g = tanh(0) = 0
-    # c_1 = f c_0 + i g = 0.5 * 2 ln 3 = ln 3;  h_1 = o tanh(c_1) = 0.5 * (9 - 1) / (9 + 1) = 0.4  (tanh(ln 3) = (3^2 - 1) / (3^2 + 1))
+    # c_1 = f c_0 + i g = 0.5 * 2 ln 3 = ln 3;  h_1 = o tanh(c_1) = 0.5 * (9 - 1) / (9 + 1) = 0.4
+    # (tanh(ln 3) = (3^2 - 1) / (3^2 + 1))
     torch.testing.assert_close(state["c"], torch.tensor([[[ln3]]]))
     torch.testing.assert_close(state["h"], torch.tensor([[[0.4]]]))
     # scores h_1 h_s = (0.4 * 0, 0.4 * 2.5 ln 3) = (0, ln 3) -> a = (1, 3) / 4 = (0.25, 0.75)

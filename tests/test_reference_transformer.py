@@ -178,29 +178,29 @@ def transformer_reference(P: dict, norm: str, scale: bool, src, src_mask, tgt_in
         return P[f"{side}.embed.tokens.weight"][tokens] * math.sqrt(DIM) + positions_by_formula(tokens.size(1), DIM)
 
     x = embed("encoder", src)
-    for l in range(LAYERS):
-        at = f"encoder.layers.{l}"
+    for layer in range(LAYERS):
+        at = f"encoder.layers.{layer}"
         x = sublayer(
             x,
-            lambda h: multi_head(P, f"{at}.attn", h, h, HEADS, src_mask[:, None, :], scale)["out"],
+            lambda h, at=at: multi_head(P, f"{at}.attn", h, h, HEADS, src_mask[:, None, :], scale)["out"],
             f"{at}.res_attn.norm",
         )
-        x = sublayer(x, lambda h: ffn(f"{at}.ffn", h), f"{at}.res_ffn.norm")
+        x = sublayer(x, lambda h, at=at: ffn(f"{at}.ffn", h), f"{at}.res_ffn.norm")
     memory = layer_norm(P, "encoder.final_norm", x) if norm == "pre" else x
     y, T = embed("decoder", tgt_in), tgt_in.size(1)
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None]  # position t sees 0..t (1, T, T)
     out: dict[str, list] = {"maps": [], "self_k": [], "self_v": []}
-    for l in range(LAYERS):
-        at = f"decoder.layers.{l}"
+    for layer in range(LAYERS):
+        at = f"decoder.layers.{layer}"
         seen: dict[str, dict] = {}
 
-        def attend(h, name, keys, allowed):
+        def attend(h, name, keys, allowed, at=at, seen=seen):
             seen[name] = multi_head(P, f"{at}.{name}", h, h if keys is None else keys, HEADS, allowed, scale)
             return seen[name]["out"]
 
         y = sublayer(y, lambda h: attend(h, "self_attn", None, causal), f"{at}.res_self.norm")
         y = sublayer(y, lambda h: attend(h, "cross_attn", memory, src_mask[:, None, :]), f"{at}.res_cross.norm")
-        y = sublayer(y, lambda h: ffn(f"{at}.ffn", h), f"{at}.res_ffn.norm")
+        y = sublayer(y, lambda h, at=at: ffn(f"{at}.ffn", h), f"{at}.res_ffn.norm")
         out["maps"].append(seen["cross_attn"]["weights"])
         out["self_k"].append(seen["self_attn"]["k"])
         out["self_v"].append(seen["self_attn"]["v"])
@@ -250,6 +250,10 @@ def test_transformer_follows_the_paper(norm, scale):
             logits, state, attn = model.step(tgt_in[:, t], enc, state)
             torch.testing.assert_close(logits, ref["logits"][:, t], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(attn, ref["maps"][:, -1, :, t].mean(1), atol=1e-6, rtol=1e-5)
-            for l in range(LAYERS):
-                torch.testing.assert_close(state[f"self_k{l}"], ref["self_k"][l][:, :, : t + 1], atol=1e-5, rtol=1e-5)
-                torch.testing.assert_close(state[f"self_v{l}"], ref["self_v"][l][:, :, : t + 1], atol=1e-5, rtol=1e-5)
+            for layer in range(LAYERS):
+                torch.testing.assert_close(
+                    state[f"self_k{layer}"], ref["self_k"][layer][:, :, : t + 1], atol=1e-5, rtol=1e-5
+                )
+                torch.testing.assert_close(
+                    state[f"self_v{layer}"], ref["self_v"][layer][:, :, : t + 1], atol=1e-5, rtol=1e-5
+                )

@@ -9,8 +9,8 @@ import torch
 
 from nmt.cli import train
 from nmt.training.trainer import Trainer
-from tests.test_cli import cli
 from tests.conftest import run_args
+from tests.test_cli import cli
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,12 @@ the config checks, and a copy task each variant learns in seconds."""
 import pytest
 import torch
 
-from tests.conftest import random_batch as shared_random_batch
-
 from nmt.config import ModelConfig
 from nmt.data.batching import make_batch
 from nmt.errors import NmtError
 from nmt.models.seq2seq import build_model
 from nmt.search import greedy_search
+from tests.conftest import random_batch as shared_random_batch
 
 VOCAB = 20
 

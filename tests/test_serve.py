@@ -14,10 +14,10 @@ pytest.importorskip("httpx")
 
 from starlette.testclient import TestClient  # noqa: E402
 
+from nmt.api import load_translator  # noqa: E402
 from nmt.cli import serve as serve_cli  # noqa: E402
 from nmt.cli import train  # noqa: E402
 from nmt.cli.common import run  # noqa: E402
-from nmt.api import load_translator  # noqa: E402
 from nmt.config import DecodeConfig, ServeConfig, ServeSettings  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.serve.app import create_app  # noqa: E402

@@ -21,7 +21,7 @@ from nmt.cli.serve import listen  # noqa: E402
 from nmt.config import ServeSettings  # noqa: E402
 from nmt.serve.app import create_app  # noqa: E402
 from nmt.serve.models import load_model  # noqa: E402
-from tests.test_serve import DECODE, translate, trained_pair  # noqa: E402
+from tests.test_serve import DECODE, trained_pair, translate  # noqa: E402
 
 # The real binary first: Debian's /usr/bin/chromium is a shell wrapper around it.
 CANDIDATES = ("/usr/lib/chromium/chromium", "chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -147,7 +147,8 @@ def simulated_stats(
 
 
 def simulated_decision(rng: np.random.Generator, gain: float) -> tuple[bool, bool, bool]:
-    """One comparison of a baseline and a system `gain` better (in logits), 3 seeds each: (bootstrap, seed test, both)."""
+    """One comparison of a baseline and a system `gain` better (in logits), 3 seeds each:
+    (bootstrap, seed test, both)."""
     lengths = rng.integers(5, 20, SENTENCES)
     difficulty = rng.normal(
         0, 1.5, SENTENCES

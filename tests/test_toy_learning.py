@@ -1,4 +1,5 @@
-"""Each attention family learns the toy task at the toy comparison's own settings (the experiment a new user runs first).
+"""Each attention family learns the toy task at the toy comparison's own settings
+(the experiment a new user runs first).
 
 A regression guard: a change of initialisation for Multi30k once left every RNN variant of compare_attention_toy near
 BLEU 1 after its 250 updates while the README still showed 79. Each family below trains exactly as the comparison

@@ -117,8 +117,8 @@ def test_non_finite_gradients_too_many_in_a_row_stop_the_run(toy_dir, cache, tmp
         t.fit()
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     assert str(err.value) == (
-        f"step 4: 3 updates in a row had a non-finite loss or gradient (train.max_bad_steps=3), training stopped at epoch 0 batch 6; "
-        f"last good checkpoint: {last} (step 2); lower train.lr or check the data"
+        "step 4: 3 updates in a row had a non-finite loss or gradient (train.max_bad_steps=3), training stopped at "
+        f"epoch 0 batch 6; last good checkpoint: {last} (step 2); lower train.lr or check the data"
     )
     assert err.value.exit_code == 3 and load_checkpoint(last)["step"] == 2
 
@@ -202,7 +202,8 @@ def test_resume_prints_changed_settings_and_refuses_a_new_shape(finished, tmp_pa
     assert (
         code == 2
         and err
-        == f"error: resume={run_dir}: cannot change what the weights depend on: model.dim is 32 in the checkpoint, 64 asked\n"
+        == f"error: resume={run_dir}: cannot change what the weights depend on: model.dim is 32 in the checkpoint, "
+        "64 asked\n"
     )
 
 

@@ -58,7 +58,7 @@ def test_accumulated_batches_give_the_update_of_one_batch_holding_them(toy_dir, 
             tiny_config(toy_dir, cache, lr=1e-2, warmup=0, schedule="constant"), tmp_path / name, log=lambda line: None
         )
         step = trainer.precision.step
-        trainer.precision.step = lambda optimizer: (
+        trainer.precision.step = lambda optimizer, trainer=trainer, step=step: (
             grads.append([p.grad.clone() for p in trainer.model.parameters()]),
             step(optimizer),
         )

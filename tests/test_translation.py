@@ -1,4 +1,5 @@
-"""Translating files: every line in gets its line out, in order, whatever the lines hold; outputs appear whole or not at all."""
+"""Translating files: every line in gets its line out, in order, whatever the lines hold;
+outputs appear whole or not at all."""
 
 import json
 
@@ -180,7 +181,7 @@ def test_attention_output_and_plots(suffix, checkpoint, tokenizer, tmp_path, cap
 
 def test_no_output_file_is_left_behind_on_failure(checkpoint, tmp_path, capsys):
     source = tmp_path / "in.txt"
-    source.write_bytes("the cat\n".encode() * 4 + b"bad \xff byte\n" + b"a dog\n")
+    source.write_bytes(b"the cat\n" * 4 + b"bad \xff byte\n" + b"a dog\n")
     write(tmp_path / "out.txt", ["an earlier translation"])
     code, err, out = run_translate(
         capsys, checkpoint, source, tmp_path, "chunk_size=2", f"attention_out={tmp_path / 'attn.jsonl'}"
@@ -273,7 +274,8 @@ def test_decode_settings_are_checked_and_beam_fits_the_vocabulary():
 
 @pytest.mark.parametrize("decode", [["decode=greedy"], ["decode=beam", "decode.nbest=2"]])
 def test_worker_processes_give_the_output_of_one_process(decode, checkpoint, tmp_path, capsys):
-    """workers=2: batches searched in two processes come back in order; the file equals the one-process one, line for line."""
+    """workers=2: batches searched in two processes come back in order; the file equals the one-process one,
+    line for line."""
     lines = mixed_lines() * 3
     source = write(tmp_path / "in.txt", lines)
     args = [*decode, "decode.batch_size=2", "chunk_size=7"]  # many batches, several chunks
@@ -295,7 +297,8 @@ def test_workers_with_sampling_or_a_broken_checkpoint_are_one_line_errors(checkp
 
 
 def test_a_worker_that_cannot_load_the_model_fails_the_run_instead_of_hanging(checkpoint, tmp_path):
-    """The pool's initializer keeps its error for the first search (a raising initializer would be restarted forever)."""
+    """The pool's initializer keeps its error for the first search
+    (a raising initializer would be restarted forever)."""
     from nmt.workers import SearchPool
 
     with SearchPool(str(tmp_path / "missing.pt"), DecodeConfig(), "cpu", workers=1, threads=1) as pool:

@@ -18,7 +18,8 @@ def test_a_user_recipe_folder_adds_recipes(tmp_path, monkeypatch):
     mine = tmp_path / "my_recipes"
     (mine / "experiment").mkdir(parents=True)
     (mine / "experiment" / "tiny_toy.yaml").write_text(
-        "# @package _global_\ndefaults:\n  - override /data: toy\n  - override /model: luong\nmodel:\n  dim: 48\ntrain:\n  max_steps: 7\n"
+        "# @package _global_\ndefaults:\n  - override /data: toy\n  - override /model: luong\n"
+        "model:\n  dim: 48\ntrain:\n  max_steps: 7\n"
     )
     (mine / "model").mkdir()
     (mine / "model" / "wide_luong.yaml").write_text("defaults:\n  - luong\n  - _self_\ndim: 512\n")

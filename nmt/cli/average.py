@@ -38,7 +38,8 @@ def main(argv: list[str]) -> None:
     found = step_checkpoints(folder)
     if len(found) < cfg.last:
         raise NmtError(
-            f"last={cfg.last}: {cfg.run} has only {len(found)} step checkpoints (train.keep_last sets how many a run keeps)"
+            f"last={cfg.last}: {cfg.run} has only {len(found)} step checkpoints "
+            "(train.keep_last sets how many a run keeps)"
         )
     paths = list(found.values())[-cfg.last :]
     output = Path(cfg.output) if cfg.output is not None else folder / "average.pt"
@@ -55,7 +56,8 @@ def main(argv: list[str]) -> None:
         )
         if what:
             raise NmtError(
-                f"{payload['path']}: its {what} differs from {payloads[-1]['path']}'s; only checkpoints of one model can be averaged"
+                f"{payload['path']}: its {what} differs from {payloads[-1]['path']}'s; "
+                "only checkpoints of one model can be averaged"
             )
     newest = payloads[-1]
     averaged = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -25,7 +25,6 @@ from nmt.config import (
 )
 from nmt.errors import NmtError
 from nmt.memory import tune_allocator
-
 
 # The schema behind each top-level recipe, to list the valid keys when an override names an unknown one.
 SCHEMAS = {
@@ -46,7 +45,8 @@ def recipes_dir() -> Path:
     """The recipes that come with the package (nmt/recipes)."""
     if not (PACKAGED_RECIPES / "config.yaml").is_file():
         raise NmtError(
-            f"the packaged recipes are missing ({PACKAGED_RECIPES}); reinstall the package: pip install --force-reinstall nmt-attention"
+            f"the packaged recipes are missing ({PACKAGED_RECIPES}); reinstall the package: pip install "
+            "--force-reinstall nmt-attention"
         )
     return PACKAGED_RECIPES
 
@@ -58,7 +58,8 @@ def user_recipe_dirs() -> list[Path]:
     for folder in dirs:
         if not folder.is_dir():
             raise NmtError(
-                f"NMT_RECIPES={os.environ['NMT_RECIPES']}: {folder} is not a folder; expected folders of recipes (GROUP/NAME.yaml)"
+                f"NMT_RECIPES={os.environ['NMT_RECIPES']}: {folder} is not a folder; "
+                "expected folders of recipes (GROUP/NAME.yaml)"
             )
     return dirs
 
@@ -93,7 +94,8 @@ def compose(config_name: str, overrides: list[str]):
 
 
 def check_group_choices(overrides: list[str]) -> None:
-    """An unknown recipe name in any group (`experiment=typo` too, which Hydra skips as optional) lists the valid ones."""
+    """An unknown recipe name in any group (`experiment=typo` too, which Hydra skips as optional) lists the valid
+    ones."""
     groups = group_options()
     for override in overrides:
         name, _, value = override.lstrip("+~").partition("=")

@@ -77,7 +77,8 @@ def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def plan_runs(cfg: CompareConfig, out: Path) -> list[PlannedRun]:
-    """Each variant's training config composed once, then one run per seed; checks that they share data, budget and decoding."""
+    """Each variant's training config composed once, then one run per seed; checks that they share data,
+    budget and decoding."""
     bases = {}
     for name in cfg.selected():
         try:
@@ -140,7 +141,8 @@ def main(argv: list[str]) -> None:
     out = Path(cfg.out)
     if not cfg.overrides:
         raise NmtError(
-            "no variants to compare: give experiment=NAME (recipes/experiment/compare_*.yaml) or overrides.NAME=[KEY=VALUE,...]"
+            "no variants to compare: give experiment=NAME (recipes/experiment/compare_*.yaml) or "
+            "overrides.NAME=[KEY=VALUE,...]"
         )
     cfg.extra = extra
     run_comparison(cfg, out, "nmt-compare " + shlex.join(argv))
@@ -174,8 +176,9 @@ def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
         ]
         write_session(out, sessions)
         print(
-            f"nmt-compare: {len(cfg.selected())} variants x {len(cfg.seeds)} seeds = {len(plans)} runs, {cfg.jobs} at a time; budget {budget(plans[0].config)} each; "
-            f"baseline {cfg.baseline}; test set {len(test.src)} sentences{' with gold alignments' if test.gold else ''}; out {out}"
+            f"nmt-compare: {len(cfg.selected())} variants x {len(cfg.seeds)} seeds = {len(plans)} runs, {cfg.jobs} at "
+            f"a time; budget {budget(plans[0].config)} each; baseline {cfg.baseline}; test set {len(test.src)} "
+            f"sentences{' with gold alignments' if test.gold else ''}; out {out}"
         )
         start = time.perf_counter()
         try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from nmt.cli.common import compose, print_help, run
 from nmt.api import load_translator
+from nmt.cli.common import compose, print_help, run
 from nmt.cli.translate import checkpoint_files, checkpoint_list, start_workers
 from nmt.config import Config, EvaluateConfig
 from nmt.data.corpus import read_lines
@@ -25,7 +25,7 @@ by commas decode as an ensemble. Examples:
   nmt-evaluate checkpoint=runs/quickstart split=test
   nmt-evaluate checkpoint=runs/quickstart split=test decode=beam workers=2     # 2 processes x 1 thread (CPU)
   nmt-evaluate hyp=runs/quickstart/test.hyp ref=data/toy/test.tgt
-"""
+"""  # noqa: E501 (--help prints this text verbatim; wrapping it would change the output)
 
 
 def check_pair(first: str, lines: list[str], ref: str, refs: list[str]) -> None:

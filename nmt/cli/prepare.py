@@ -29,7 +29,8 @@ def main(argv: list[str]) -> None:
     prepared = prepare_data(cfg.data)
     tok = prepared.tokenizer
     print(
-        f"tokenizer: {cfg.data.spm_model}, {'joint' if tok.joint else 'separate'} vocabulary {tok.src_vocab_size}/{tok.tgt_vocab_size}"
+        f"tokenizer: {cfg.data.spm_model}, {'joint' if tok.joint else 'separate'} vocabulary "
+        f"{tok.src_vocab_size}/{tok.tgt_vocab_size}"
     )
     for name, split in prepared.splits.items():
         print(f"{name}: {len(split)} pairs")

@@ -27,7 +27,7 @@ It listens on 127.0.0.1 only unless host= says otherwise; port=0 takes any free 
   nmt-serve checkpoint=runs/quickstart
   nmt-serve checkpoint=runs/transformer compare=runs/luong decode=beam port=8080
   curl -s localhost:8000/v1/translate -H 'content-type: application/json' -d '{"text": ["ze bosize dibope"]}'
-"""
+"""  # noqa: E501 (--help prints this text verbatim; wrapping it would change the output)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

@@ -70,8 +70,9 @@ def resume_config(run_dir: Path, overrides: list[str], saved: Config) -> Config:
         raise NmtError(f"resume={run_dir}: cannot change what the weights depend on: {'; '.join(bad)}")
     if saved.train.early_stop_metric != cfg.train.early_stop_metric:
         raise NmtError(
-            f"resume={run_dir}: train.early_stop_metric cannot change on resume ({saved.train.early_stop_metric} -> {cfg.train.early_stop_metric}): "
-            f"best.pt and patience are ranked by {saved.train.early_stop_metric}; start a new run with init_from= to rank by another metric"
+            f"resume={run_dir}: train.early_stop_metric cannot change on resume ({saved.train.early_stop_metric} -> "
+            f"{cfg.train.early_stop_metric}): best.pt and patience are ranked by {saved.train.early_stop_metric}; "
+            "start a new run with init_from= to rank by another metric"
         )
     cfg.resume, cfg.init_from = str(run_dir), None
     cfg.run_dir = cfg.run_dir if any(o.startswith("run_dir=") for o in keys) else str(run_dir)
@@ -116,14 +117,15 @@ def check_fetched(cfg: Config) -> None:
 
         if missing_files(cfg.data.root, multi30k_files((cfg.data.src, cfg.data.tgt))):
             raise NmtError(
-                f"data.root={cfg.data.root}: Multi30k is not there; run `nmt-prepare data={cfg.data.name}` once to download it, "
-                "or set data.root to a folder holding {train,val,test_2016_flickr}"
+                f"data.root={cfg.data.root}: Multi30k is not there; run `nmt-prepare data={cfg.data.name}` once to "
+                "download it, or set data.root to a folder holding {train,val,test_2016_flickr}"
                 + f".{{{cfg.data.src},{cfg.data.tgt}}}.gz"
             )
 
 
 def resolve_auto_resume(argv: list[str]) -> list[str]:
-    """resume=auto (for restarted jobs, e.g. torchrun --max-restarts): continue run_dir if it holds a checkpoint, else start it."""
+    """resume=auto (for restarted jobs, e.g. torchrun --max-restarts): continue run_dir if it holds a checkpoint,
+    else start it."""
     if "resume=auto" not in argv:
         return argv
     run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("run_dir=")), None)
@@ -154,7 +156,8 @@ def run_training(argv: list[str] | None, config: Config | None = None, log=None)
     if resume:
         if any(a.startswith("init_from=") for a in argv) or (config is not None and config.init_from):
             raise NmtError(
-                "resume= and init_from= do not go together: resume continues a run, init_from starts a new one from a checkpoint"
+                "resume= and init_from= do not go together: resume continues a run, "
+                "init_from starts a new one from a checkpoint"
             )
         last = Path(resume) / "checkpoints" / LAST
         if not last.is_file():

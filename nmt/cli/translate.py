@@ -6,9 +6,10 @@ import gzip
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from itertools import islice
-from typing import IO, Iterator
+from typing import IO
 
 import torch
 from tqdm import tqdm
@@ -42,7 +43,7 @@ separated by commas: an ensemble, which averages the models' log-probabilities. 
   nmt-translate checkpoint=runs/quickstart decode=beam workers=2 input=test.src output=test.hyp   # 2 processes x 1 thread
 On a CPU, workers=N (one per core, each with threads=1) searches batches in N processes: faster than one
 process with N threads, with the same output. Sentences/s and output tokens/s are printed on stderr at the end.
-"""
+"""  # noqa: E501 (--help prints this text verbatim; wrapping it would change the output)
 
 
 def start_workers(
@@ -53,7 +54,8 @@ def start_workers(
         return
     if translator.device.type != "cpu":
         raise NmtError(
-            f"workers={workers} on {translator.device}: workers are processes for CPU cores; expected workers=1 on a GPU"
+            f"workers={workers} on {translator.device}: workers are processes for CPU cores; "
+            "expected workers=1 on a GPU"
         )
     from nmt.workers import SearchPool
 
@@ -174,8 +176,8 @@ def main(argv: list[str]) -> int | None:
         return 1
     seconds = max(time.perf_counter() - start, 1e-9)
     print(
-        f"translated {sentences} sentences in {seconds:.1f}s: {sentences / seconds:.1f} sentences/s, {tokens / seconds:.0f} tokens/s "
-        f"({decode_settings(cfg.decode)}, "
+        f"translated {sentences} sentences in {seconds:.1f}s: {sentences / seconds:.1f} sentences/s, "
+        f"{tokens / seconds:.0f} tokens/s ({decode_settings(cfg.decode)}, "
         + (
             f"{cfg.workers} workers x {threads} thread(s))"
             if cfg.workers > 1

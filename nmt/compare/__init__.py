@@ -1,1 +1,2 @@
-"""nmt-compare: train attention variants side by side (runner), score them (evaluate), report (summary, markdown, figures)."""
+"""nmt-compare: train attention variants side by side (runner), score them (evaluate), report
+(summary, markdown, figures)."""

@@ -5,8 +5,8 @@
 
 The progress lines give the seconds of training at a step by the run's budget clock (validation and
 checkpoint saving not counted; cumulative over resumes); a validation step between two of them gets the
-time interpolated linearly (step 0 at 0 s, and the last step at results.json's training seconds). A resumed run repeats the steps between its checkpoint and the kill;
-the last line written for a step is the one kept.
+time interpolated linearly (step 0 at 0 s, and the last step at results.json's training seconds). A resumed
+run repeats the steps between its checkpoint and the kill; the last line written for a step is the one kept.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ import torch
 
 from nmt.api import load_model
 from nmt.compare.probe import ForcedAttention, forced_attention, forced_layer_attention
-from nmt.data.tokenizer import Tokenizer
 from nmt.config import DecodeConfig
 from nmt.data.dataset import read_split
+from nmt.data.tokenizer import Tokenizer
 from nmt.evaluation.alignment import (
     AlignmentScore,
     GoldAlignment,
@@ -104,7 +104,8 @@ def heatmap_record(
     src: str,
     ref: str,
 ) -> dict:
-    """One sentence for the heat-map figure: reference words x (source words + </s>), or pieces when words do not fit."""
+    """One sentence for the heat-map figure: reference words x (source words + </s>),
+    or pieces when words do not fit."""
     if words is None:
         labels_src = [tokenizer.src.id_to_piece(i) for i in src_ids] + [END]
         labels_tgt = [tokenizer.tgt.id_to_piece(i) for i in tgt_ids]
@@ -150,7 +151,8 @@ def layer_alignment(
 
 
 def validation_gold(cfg) -> tuple[list[str], list[str], list[GoldAlignment]] | None:
-    """The validation split and its gold alignments (DATA.valid + .align), to choose a Transformer layer on; None without."""
+    """The validation split and its gold alignments (DATA.valid + .align), to choose a Transformer layer on;
+    None without."""
     path = Path(f"{cfg.data.valid}.align") if cfg.data.valid else None
     if path is None or not path.is_file():
         return None
@@ -172,9 +174,9 @@ def evaluate_run(run_dir: Path, test: TestSet) -> dict:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     translator = Translator(model, tokenizer, cfg.decode, device)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     hyps = translator.translate(test.src)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     with atomic_open(run_dir / HYP, key="run_dir") as f:
         f.writelines(h + "\n" for h in hyps)
     scores = {name: corpus_score(name, hyps, test.ref) for name in ("bleu", "chrf", "ter", "bleu_lc")}
@@ -221,6 +223,8 @@ def evaluate_run(run_dir: Path, test: TestSet) -> dict:
         "settings": eval_settings(test, cfg.decode),
         "decode_seconds": round(seconds, 3),
         "sentences_per_s": round(len(hyps) / seconds, 2) if seconds > 0 else None,
+        "decode_cpu_seconds": round(cpu_seconds, 3),  # all threads: per thread-second with train.threads=1
+        "sentences_per_cpu_s": round(len(hyps) / cpu_seconds, 2) if cpu_seconds > 0 else None,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "parameters": parameters,

@@ -75,7 +75,8 @@ def bleu_bars(
 
 
 def learning_curves(curves: dict[str, list[Curve]], path: Path) -> None:
-    """Validation BLEU and loss against updates and against wall-clock seconds; one colour per variant, a line per seed."""
+    """Validation BLEU and loss against updates and against wall-clock seconds; one colour per variant,
+    a line per seed."""
     fig = _figure(12.0, 8.0)
     axes = fig.subplots(2, 2)
     panels = [

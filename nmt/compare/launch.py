@@ -11,9 +11,9 @@ Job logs go to OUT/submitit/.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from nmt.compare.evaluate import TestSet
 from nmt.compare.plan import PlannedRun

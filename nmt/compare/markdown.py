@@ -11,11 +11,10 @@ from dataclasses import asdict
 from datetime import datetime
 
 from nmt.compare.collect import RunRecord, TestData
-from nmt.compare.runner import budget
-from nmt.compare.runner import train_seconds
+from nmt.compare.runner import budget, train_seconds
 from nmt.compare.summary import ALPHA, differences
-from nmt.evaluation.significance import MIN_SEEDS
 from nmt.config import RUN_KEYS, CompareConfig, Config, config_to_yaml, flatten
+from nmt.evaluation.significance import MIN_SEEDS
 from nmt.training.progress import duration
 
 NA = "n/a"
@@ -169,30 +168,32 @@ def training_table(summary: dict) -> str:
                 seconds(v["valid_seconds"]["mean"]),
                 num(v["steps_per_s"]["mean"], 2),
                 num(v["train_tokens_per_s"]["mean"], 0),
+                num(v["train_tokens_per_cpu_s"]["mean"], 0),
                 num(v["best_step"]["mean"], 0),
                 spread(v["valid_ppl"], 2),
                 num(v["decode_sentences_per_s"]["mean"], 1),
+                num(v["decode_sentences_per_cpu_s"]["mean"], 1),
                 f"{v['timed_out']}/{len(v['seeds'])}",
                 spread(v["bleu_lc"]),
             ]
         )
-    return table(
-        [
-            "variant",
-            "updates",
-            "train time",
-            "train CPU",
-            "validation time",
-            "updates/s",
-            "target tok/s",
-            "best step",
-            "valid ppl",
-            "decode sent/s",
-            "stopped by time",
-            "lc tok BLEU",
-        ],
-        rows,
-    )
+    header = [
+        "variant",
+        "updates",
+        "train time",
+        "train CPU",
+        "validation time",
+        "updates/s",
+        "target tok/s",
+        "target tok/CPU-s",
+        "best step",
+        "valid ppl",
+        "decode sent/s",
+        "decode sent/CPU-s",
+        "stopped by time",
+        "lc tok BLEU",
+    ]
+    return table(header, rows)
 
 
 def length_table(summary: dict) -> str:
@@ -244,7 +245,8 @@ def attention_table(summary: dict) -> str:
 
 
 def layer_table(summary: dict) -> str | None:
-    """Transformers: test AER of each decoder layer (heads averaged), mean over seeds, and the layer chosen on validation."""
+    """Transformers: test AER of each decoder layer (heads averaged), mean over seeds,
+    and the layer chosen on validation."""
     rows = []
     for v in summary["variants"]:
         layers = v.get("alignment_by_layer")
@@ -279,7 +281,8 @@ def runs_table(summary: dict, runs: dict[str, list[RunRecord]]) -> str:
                 continue
             sig = by_seed[name].get(r.seed)
             test = (
-                f"{signed(sig['delta'], 2)} [{signed(sig['ci_low'], 2)}, {signed(sig['ci_high'], 2)}] (p {sig['p_value']:.3f})"
+                f"{signed(sig['delta'], 2)} [{signed(sig['ci_low'], 2)}, {signed(sig['ci_high'], 2)}] "
+                f"(p {sig['p_value']:.3f})"
                 if sig
                 else ("baseline" if name == summary["baseline"] else NA)
             )
@@ -341,7 +344,8 @@ def config_section(configs: dict[str, Config | None], baseline: str) -> list[str
         diff = [f"{k}={flat.get(k)}" for k in sorted(set(flat) | set(flat_base)) if flat.get(k) != flat_base.get(k)]
         rows.append([name, " ".join(diff) or "(none)"])
     lines = [
-        "Each run's resolved config is `RUN/config.yaml`. Settings that differ from the baseline's (seed and run dir aside):",
+        "Each run's resolved config is `RUN/config.yaml`. Settings that differ from the baseline's "
+        "(seed and run dir aside):",
         "",
         table(["variant", "settings that differ from " + baseline], rows, right=9),
         "",
@@ -372,9 +376,12 @@ def environment_lines(sessions: list[dict]) -> list[str]:
         ]
         packages = ", ".join(f"{name} {version}" for name, version in env.get("packages", {}).items())
         lines += [
-            f"   - nmt {env.get('nmt', NA)} (git {env.get('git_commit') or 'unknown'}), Python {env.get('python', NA)}; {packages}",
-            f"   - {env.get('platform', NA)}; CPU: {env.get('cpu', NA)}, {env.get('cpu_cores', NA)} cores; GPUs: {', '.join(env.get('gpus') or []) or 'none'}",
-            f"   - torch threads {env.get('torch_threads', NA)}, OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}, load average at the start {env.get('load_average', NA)}",
+            f"   - nmt {env.get('nmt', NA)} (git {env.get('git_commit') or 'unknown'}), Python "
+            f"{env.get('python', NA)}; {packages}",
+            f"   - {env.get('platform', NA)}; CPU: {env.get('cpu', NA)}, {env.get('cpu_cores', NA)} cores; GPUs: "
+            f"{', '.join(env.get('gpus') or []) or 'none'}",
+            f"   - torch threads {env.get('torch_threads', NA)}, OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}, load "
+            f"average at the start {env.get('load_average', NA)}",
             "",
         ]
     return lines
@@ -387,59 +394,73 @@ def how_computed(plan: CompareConfig, summary: dict, test: TestData, metric: str
     lines = [
         "## How each number was computed",
         "",
-        f"- **Test set**: the {len(test.src)} pairs in `test.src` / `test.ref` (copied from the data config's test split; "
-        f"sha256 of the text {', '.join(s[:16] for s in consistency['test_sha256']) or NA}). Each run translates it with its best checkpoint "
-        f"(`checkpoints/best.pt`, the best by validation {metric}) and the shared decoding settings: {', '.join(consistency['decode']) or NA}.",
-        "- **BLEU, chrF, TER** are sacrebleu corpus scores of `RUN/test.hyp` against `test.ref`, read from `RUN/eval.json`; "
-        "**lc tok BLEU** is BLEU on lowercased text after sacrebleu's 13a tokenization, for comparison with papers that report tokenized lowercased BLEU. Signatures:",
+        f"- **Test set**: the {len(test.src)} pairs in `test.src` / `test.ref` (copied from the data config's test "
+        f"split; sha256 of the text {', '.join(s[:16] for s in consistency['test_sha256']) or NA}). Each run "
+        f"translates it with its best checkpoint (`checkpoints/best.pt`, the best by validation {metric}) and the "
+        f"shared decoding settings: {', '.join(consistency['decode']) or NA}.",
+        "- **BLEU, chrF, TER** are sacrebleu corpus scores of `RUN/test.hyp` against `test.ref`, read from "
+        "`RUN/eval.json`; **lc tok BLEU** is BLEU on lowercased text after sacrebleu's 13a tokenization, for "
+        "comparison with papers that report tokenized lowercased BLEU. Signatures:",
         *signature_lines(summary),
-        f"- **mean ± s.d.** are over the seeds {', '.join(map(str, plan.seeds))} (sample standard deviation; the mean alone with one seed).",
-        f"- **Δ BLEU** is the difference of the mean test BLEU over seeds shown in the table (the variant's minus {summary['baseline']}'s).",
-        f"- **Sentence bootstrap** (paired cluster bootstrap; Koehn 2004, with the test sentence as the unit): {boot['samples']} draws of "
-        f"{len(test.src)} test sentences with replacement (numpy seed {boot['seed']}), the same draws for every variant; a draw takes every seed's "
-        "output of each drawn sentence for both systems, and scores each system as the mean over its seeds of corpus BLEU (sacrebleu's sufficient "
-        "statistics summed over the draw). The interval is the 2.5th-97.5th percentile of the draws' differences; p is the two-sided bootstrap "
-        "p-value: the share of draws, shifted to centre on 0, that lie at least as far from 0 as the observed difference ((k + 1) / (draws + 1)). "
-        "It estimates how often test sets like this one would show a difference this large if these trained models were equally good on such "
-        "sentences; it is not the probability that the systems are equal, and it holds the trained models fixed (it says nothing about other seeds). "
-        "It uses the seeds both variants finished (column *bootstrap seeds*).",
-        f"- **Seed test**: Welch's t-test (unequal variances; `scipy.stats.ttest_ind`) on the per-seed test BLEU of the variant against the "
-        f"baseline's, with its 95% interval for the difference of means; it needs {boot['min_seeds']} or more seeds per variant. It asks whether "
-        "the difference exceeds training-seed noise.",
-        f"- **sig.** is *yes* only when both tests call the difference at alpha {boot['alpha']} after Holm-Bonferroni correction over the "
-        f"{max(len(summary['variants']) - 1, 0)} variants tested against the baseline (each test's p-values corrected on their own), with intervals that "
-        "exclude 0 and in the same direction; *bootstrap only* when the seed test cannot run (fewer seeds); the Significance section shows each "
-        "test's raw and corrected decision. At alpha 0.05, a true no-difference is called significant by a test in about one comparison in twenty; "
-        "the correction keeps the chance of any such call among all variants at 0.05.",
-        "- **params**: parameters of the model (`eval.json`); **updates, train time, target tok/s**: `RUN/results.json` of nmt-train; *train time* "
-        "is training only by the budget's clock (validation and checkpoint saving are timed apart and not counted in `train.max_time`), summed "
-        "over resumed parts; **valid ppl**: validation perplexity at the best checkpoint's step, from `RUN/train.log`; "
-        "**decode sent/s**: test sentences translated per second (`eval.json`).",
-        "- **Attention** (`eval.json`): each test reference is forced through the model (teacher forcing), so every variant attends over the same "
-        "output words. For RNN models the weights are the decoder's attention; for the Transformer the last layer's cross-attention averaged over heads. "
-        "Every figure uses rows renormalised to sum to 1, for every variant (local-p's Gaussian leaves its raw rows summing to less than 1). "
-        "entropy = mean over output steps of -Σ a log a (nats); max weight = mean of each step's largest weight; "
-        f"coverage = attention mass a source subword receives summed over the output (</s> excluded), with the shares below {plan.under_attended} "
-        f"(under-attended) and above {plan.over_attended} (over-attended); local-p |p_t - diagonal| = mean distance in source tokens between the "
-        "predicted position p_t (Luong et al. 2015, eq. 9) and the line from the first source token to </s>. Hard attention is one-hot at inference, "
-        "so its entropy is 0.",
-        "- **AER, precision, recall** (Och & Ney 2003): each reference word is linked to the source word its attention weighs most "
-        "(subwords merged: a word's row is the mean of its pieces' rows, a source word's column the sum of its pieces'; the </s> column left out), "
+        f"- **mean ± s.d.** are over the seeds {', '.join(map(str, plan.seeds))} "
+        "(sample standard deviation; the mean alone with one seed).",
+        "- **Δ BLEU** is the difference of the mean test BLEU over seeds shown in the table (the variant's minus "
+        f"{summary['baseline']}'s).",
+        "- **Sentence bootstrap** (paired cluster bootstrap; Koehn 2004, with the test sentence as the unit): "
+        f"{boot['samples']} draws of {len(test.src)} test sentences with replacement (numpy seed {boot['seed']}), the "
+        "same draws for every variant; a draw takes every seed's output of each drawn sentence for both systems, and "
+        "scores each system as the mean over its seeds of corpus BLEU (sacrebleu's sufficient statistics summed over "
+        "the draw). The interval is the 2.5th-97.5th percentile of the draws' differences; p is the two-sided "
+        "bootstrap p-value: the share of draws, shifted to centre on 0, that lie at least as far from 0 as the "
+        "observed difference ((k + 1) / (draws + 1)). It estimates how often test sets like this one would show a "
+        "difference this large if these trained models were equally good on such sentences; it is not the probability "
+        "that the systems are equal, and it holds the trained models fixed (it says nothing about other seeds). It "
+        "uses the seeds both variants finished (column *bootstrap seeds*).",
+        "- **Seed test**: Welch's t-test (unequal variances; `scipy.stats.ttest_ind`) on the per-seed test BLEU of "
+        "the variant against the baseline's, with its 95% interval for the difference of means; it needs "
+        f"{boot['min_seeds']} or more seeds per variant. It asks whether the difference exceeds training-seed noise.",
+        f"- **sig.** is *yes* only when both tests call the difference at alpha {boot['alpha']} after Holm-Bonferroni "
+        f"correction over the {max(len(summary['variants']) - 1, 0)} variants tested against the baseline (each "
+        "test's p-values corrected on their own), with intervals that exclude 0 and in the same direction; *bootstrap "
+        "only* when the seed test cannot run (fewer seeds); the Significance section shows each test's raw and "
+        "corrected decision. At alpha 0.05, a true no-difference is called significant by a test in about one "
+        "comparison in twenty; the correction keeps the chance of any such call among all variants at 0.05.",
+        "- **params**: parameters of the model (`eval.json`); **updates, train time, target tok/s**: "
+        "`RUN/results.json` of nmt-train; *train time* is training only by the budget's clock (validation and "
+        "checkpoint saving are timed apart and not counted in `train.max_time`), summed over resumed parts; **valid "
+        "ppl**: validation perplexity at the best checkpoint's step, from `RUN/train.log`; **decode sent/s**: test "
+        "sentences translated per second (`eval.json`); **tok/CPU-s, sent/CPU-s**: the same per second of the "
+        "process's CPU time (all its threads), which other processes on the machine do not slow down: with "
+        "`train.threads=1` the speed per core.",
+        "- **Attention** (`eval.json`): each test reference is forced through the model (teacher forcing), so every "
+        "variant attends over the same output words. For RNN models the weights are the decoder's attention; for the "
+        "Transformer the last layer's cross-attention averaged over heads. Every figure uses rows renormalised to sum "
+        "to 1, for every variant (local-p's Gaussian leaves its raw rows summing to less than 1). entropy = mean over "
+        "output steps of -Σ a log a (nats); max weight = mean of each step's largest weight; coverage = attention "
+        "mass a source subword receives summed over the output (</s> excluded), with the shares below "
+        f"{plan.under_attended} (under-attended) and above {plan.over_attended} (over-attended); local-p |p_t - "
+        "diagonal| = mean distance in source tokens between the predicted position p_t (Luong et al. 2015, eq. 9) and "
+        "the line from the first source token to </s>. Hard attention is one-hot at inference, so its entropy is 0.",
+        "- **AER, precision, recall** (Och & Ney 2003): each reference word is linked to the source word its "
+        "attention weighs most (subwords merged: a word's row is the mean of its pieces' rows, a source word's column "
+        "the sum of its pieces'; the </s> column left out), "
         + (
-            "against the gold alignments in `test.align` (Pharaoh `i-j`: source word i, target word j, 0-based), counts summed over the sentences "
-            "scored (the AER table gives how many were scored and skipped: a sentence is skipped when its subwords do not merge into its "
-            "whitespace words). For a Transformer every decoder layer is scored (heads averaged) and the layer with the lowest AER on the "
-            "validation alignments is reported (the table names it)."
+            "against the gold alignments in `test.align` (Pharaoh `i-j`: source word i, target word j, 0-based), "
+            "counts summed over the sentences scored (the AER table gives how many were scored and skipped: a "
+            "sentence is skipped when its subwords do not merge into its whitespace words). For a Transformer every "
+            "decoder layer is scored (heads averaged) and the layer with the lowest AER on the validation alignments "
+            "is reported (the table names it)."
             if test.gold is not None
             else "but this comparison has no gold alignments (give `align=FILE`), so they are n/a."
         ),
-        "- **BLEU by source length**: the test set split into buckets of about equal size by source words; sacrebleu BLEU of each bucket's "
-        "sentences, per run, then averaged over seeds.",
-        "- **Learning curves** are the validation lines of each `RUN/train.log` (validation BLEU and loss); the seconds of a validation step are "
-        "interpolated between the progress lines around it.",
+        "- **BLEU by source length**: the test set split into buckets of about equal size by source words; sacrebleu "
+        "BLEU of each bucket's sentences, per run, then averaged over seeds.",
+        "- **Learning curves** are the validation lines of each `RUN/train.log` (validation BLEU and loss); the "
+        "seconds of a validation step are interpolated between the progress lines around it.",
         "- **Tokenizer**: "
         + (
-            f"all runs used the same SentencePiece model(s) (sha256 {tokenizers[0][:16]}), so the same vocabulary and segmentation."
+            f"all runs used the same SentencePiece model(s) (sha256 {tokenizers[0][:16]}), "
+            "so the same vocabulary and segmentation."
             if len(tokenizers) == 1
             else f"**the runs used {len(tokenizers)} different tokenizers**: {', '.join(t[:16] for t in tokenizers)}."
         ),
@@ -452,19 +473,20 @@ def headline(summary: dict) -> str:
     differ = differences(summary["consistency"])
     if not differ:
         return (
-            "Checked from the runs' files: every finished run used the same tokenizer, test set, training budget, training conditions and "
-            "decoding settings."
+            "Checked from the runs' files: every finished run used the same tokenizer, test set, training budget, "
+            "training conditions and decoding settings."
         )
     return f"**The finished runs differ in: {', '.join(differ)}** (see How each number was computed)."
 
 
 def how_to_read(summary: dict) -> str:
     return (
-        "How to read it: *test BLEU* is the mean ± standard deviation over seeds; *Δ BLEU* the difference of those means against the baseline. "
-        "*Sentence bootstrap* resamples test sentences (all seeds of a sentence together) and asks whether these trained models differ on "
-        "sentences like these; *seed test* compares the per-seed BLEU and asks whether the difference exceeds training-seed noise. *sig.* is "
-        f"yes only when both say so at alpha {ALPHA} after Holm's correction over the variants. An interval that contains 0 means that test "
-        "cannot tell the two apart. AER is lower-is-better (n/a without gold alignments). *train time* counts training only."
+        "How to read it: *test BLEU* is the mean ± standard deviation over seeds; *Δ BLEU* the difference of those "
+        "means against the baseline. *Sentence bootstrap* resamples test sentences (all seeds of a sentence together) "
+        "and asks whether these trained models differ on sentences like these; *seed test* compares the per-seed BLEU "
+        "and asks whether the difference exceeds training-seed noise. *sig.* is yes only when both say so at alpha "
+        f"{ALPHA} after Holm's correction over the variants. An interval that contains 0 means that test cannot tell "
+        "the two apart. AER is lower-is-better (n/a without gold alignments). *train time* counts training only."
     )
 
 
@@ -500,8 +522,8 @@ def markdown_report(
         + ". "
         f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
         + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "")
-        + ". "
-        f"Training and scoring took {duration(total)} (wall-clock, {len(sessions)} session(s)). Report written {datetime.now().isoformat(timespec='seconds')}.",
+        + f". Training and scoring took {duration(total)} (wall-clock, {len(sessions)} session(s)). Report written "
+        f"{datetime.now().isoformat(timespec='seconds')}.",
         "",
         "## Main results",
         "",
@@ -516,8 +538,9 @@ def markdown_report(
         *[f"- **Note**: {note}." for note in summary["bootstrap"]["notes"]],
         *(
             [
-                f"- **Note**: these runs trained under other conditions than the rest (threads, precision, batching or runs side by side; "
-                f"`RUN/conditions.json`): {', '.join(summary['consistency']['other_conditions'])}; their speed and budget are not comparable."
+                "- **Note**: these runs trained under other conditions than the rest (threads, precision, batching or "
+                f"runs side by side; `RUN/conditions.json`): {', '.join(summary['consistency']['other_conditions'])}; "
+                "their speed and budget are not comparable."
             ]
             if summary["consistency"]["other_conditions"]
             else []
@@ -535,16 +558,16 @@ def markdown_report(
     lines += ["## Attention", "", attention_table(summary), ""]
     if (layers := layer_table(summary)) is not None:
         lines += [
-            "Transformer cross-attention, layer by layer (test AER, heads averaged; the main figure reports the layer with the lowest "
-            "AER on the validation alignments):",
+            "Transformer cross-attention, layer by layer (test AER, heads averaged; the main figure reports the layer "
+            "with the lowest AER on the validation alignments):",
             "",
             layers,
             "",
         ]
     if "heatmaps" in figures:
         lines += [
-            "The same test sentences for every variant (reference forced through the model; rows: reference words, columns: "
-            "source words and </s>; red circles: gold alignment links, when there are any):",
+            "The same test sentences for every variant (reference forced through the model; rows: reference words, "
+            "columns: source words and </s>; red circles: gold alignment links, when there are any):",
             "",
             f"![Attention heat maps]({figures['heatmaps']})",
             "",

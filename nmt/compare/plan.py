@@ -83,9 +83,10 @@ def check_shared(plans: list[PlannedRun]) -> None:
         for key in first:
             if key.startswith(SAME_FOR_ALL) and flat[key] != first[key]:
                 raise NmtError(
-                    f"variant {plan.variant}: {key}={flat[key]} but {plans[0].variant} has {first[key]}; every variant must share the data "
-                    "(one tokenizer and vocabulary), the training budget, the settings that set how fast it trains (threads, precision, "
-                    "batching, validation) and the decoding settings; set it in `shared` or on the command line"
+                    f"variant {plan.variant}: {key}={flat[key]} but {plans[0].variant} has {first[key]}; every "
+                    "variant must share the data (one tokenizer and vocabulary), the training budget, the settings "
+                    "that set how fast it trains (threads, precision, batching, validation) and the decoding "
+                    "settings; set it in `shared` or on the command line"
                 )
 
 
@@ -104,7 +105,8 @@ def check_existing(plan: PlannedRun) -> None:
 
 
 def pick_heatmap_lines(src: list[str], asked: list[int]) -> list[int]:
-    """The test lines drawn as heat maps: those asked, else the first 3 sources of 6-10 words (else the first 3 non-empty)."""
+    """The test lines drawn as heat maps: those asked, else the first 3 sources of 6-10 words
+    (else the first 3 non-empty)."""
     for line in asked:
         if not 0 <= line < len(src):
             raise NmtError(f"heatmap_lines: line {line} is not in the test set (lines 0 to {len(src) - 1})")
@@ -128,7 +130,8 @@ def prepare_test(cfg: CompareConfig, data: DataConfig, out: Path) -> tuple[TestS
         path = out / name
         if path.is_file() and read_lines(path) != lines:
             raise NmtError(
-                f"out={out}: its {name} differs from the test split of data.test={data.test}; the runs there were scored on other sentences; choose another out="
+                f"out={out}: its {name} differs from the test split of data.test={data.test}; the runs there were "
+                "scored on other sentences; choose another out="
             )
     align = cfg.align or (f"{data.test}.align" if data.test and Path(f"{data.test}.align").is_file() else None)
     gold = read_pharaoh(align, text.src, text.tgt) if align else None

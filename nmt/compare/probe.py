@@ -9,9 +9,9 @@ Shape legend: B batch, S source length (+ </s>), T target length (+ EOS step), H
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch

@@ -12,16 +12,15 @@ import io
 import json
 from pathlib import Path
 
-
 from nmt.compare import figures
 from nmt.compare.collect import RunRecord, read_plan, read_run, read_sessions, read_test
 from nmt.compare.evaluate import TestSet, eval_settings
-from nmt.compare.plan import TEST_ALIGN
-from nmt.data.corpus import read_lines
-from nmt.errors import NmtError
 from nmt.compare.markdown import main_table, markdown_report
+from nmt.compare.plan import TEST_ALIGN
 from nmt.compare.summary import ATTENTION, SCORES, summarize
 from nmt.config import CompareConfig
+from nmt.data.corpus import read_lines
+from nmt.errors import NmtError
 from nmt.fileio import atomic_open
 
 FIGURES = {
@@ -146,9 +145,10 @@ def check_scored(out: Path, plan: CompareConfig) -> None:
             for key, value in expected.items():
                 if scored.get(key) != value:
                     raise NmtError(
-                        f"report_only=true: {name} seed {run.seed} was scored with {key}={scored.get(key, 'not recorded')}, but the report "
-                        f"would state {key}={value}; run nmt-compare with the same out= (without report_only) to score the runs again "
-                        "with these settings (no run is retrained)"
+                        f"report_only=true: {name} seed {run.seed} was scored with "
+                        f"{key}={scored.get(key, 'not recorded')}, but the report would state {key}={value}; run "
+                        "nmt-compare with the same out= (without report_only) to score the runs again with these "
+                        "settings (no run is retrained)"
                     )
 
 

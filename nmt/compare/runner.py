@@ -19,12 +19,12 @@ import queue
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -58,7 +58,8 @@ def changed_settings(run_dir: Path, settings: dict) -> str:
 
 
 def record_conditions(plan: PlannedRun, jobs: int, step: int) -> None:
-    """Append how this part of the run trains to RUN/conditions.json (runs side by side, threads, precision, batching)."""
+    """Append how this part of the run trains to RUN/conditions.json
+    (runs side by side, threads, precision, batching)."""
     path = plan.run_dir / CONDITIONS
     parts = json.loads(path.read_text()) if path.is_file() else []
     train = plan.config.train
@@ -153,7 +154,8 @@ def run_one(number: int, total: int, plan: PlannedRun, test: TestSet, jobs: int,
         say(f"{head}: training (budget {budget(plan.config)}); log {plan.run_dir / 'train.log'}")
     elif state == "rescore":
         say(
-            f"{head}: scored earlier with other settings ({changed_settings(plan.run_dir, settings)}); scoring again, not retraining"
+            f"{head}: scored earlier with other settings ({changed_settings(plan.run_dir, settings)}); "
+            "scoring again, not retraining"
         )
     else:
         say(f"{head}: trained earlier; scoring the test set")
@@ -165,9 +167,9 @@ def run_one(number: int, total: int, plan: PlannedRun, test: TestSet, jobs: int,
     trained = train_seconds(results)
     pace = results["steps"] / trained if trained else 0.0
     say(
-        f"{head}: done in {duration(time.perf_counter() - start)}: {results['steps']} steps in {duration(trained)} of training "
-        f"({pace:.2f} steps/s{', stopped by train.max_time' if results.get('timed_out') else ''}), "
-        f"test BLEU {evaluation['scores']['bleu']['score']:.2f}, {evaluation['sentences_per_s']} sent/s"
+        f"{head}: done in {duration(time.perf_counter() - start)}: {results['steps']} steps in {duration(trained)} of "
+        f"training ({pace:.2f} steps/s{', stopped by train.max_time' if results.get('timed_out') else ''}), test BLEU "
+        f"{evaluation['scores']['bleu']['score']:.2f}, {evaluation['sentences_per_s']} sent/s"
     )
 
 

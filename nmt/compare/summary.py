@@ -83,7 +83,8 @@ class Significance:
 def significance(
     runs: dict[str, list[RunRecord]], baseline: str, refs: list[str], samples: int, seed: int, alpha: float = ALPHA
 ) -> Significance:
-    """Paired cluster bootstrap over test sentences (on the seeds both finished) and Welch's t-test over seeds, Holm-corrected."""
+    """Paired cluster bootstrap over test sentences (on the seeds both finished) and Welch's t-test over seeds,
+    Holm-corrected."""
     finished = {name: {r.seed: r for r in group if r.finished} for name, group in runs.items()}
     base = finished.get(baseline, {})
     names = [name for name in finished if name != baseline and finished[name]]
@@ -126,9 +127,10 @@ def significance(
     notes = []
     if boot and smallest_bootstrap_p(samples) >= alpha / len(boot):
         notes.append(
-            f"with bootstrap={samples} the smallest bootstrap p is 1/{samples + 1} = {smallest_bootstrap_p(samples):.4f}, not below "
-            f"Holm's first threshold alpha/{len(boot)} = {alpha / len(boot):.4f}: no variant can pass the corrected test; "
-            f"give bootstrap={int(len(boot) / alpha) * 2} or more"
+            f"with bootstrap={samples} the smallest bootstrap p is 1/{samples + 1} = "
+            f"{smallest_bootstrap_p(samples):.4f}, not below Holm's first threshold alpha/{len(boot)} = "
+            f"{alpha / len(boot):.4f}: no variant can pass the corrected test; give "
+            f"bootstrap={int(len(boot) / alpha) * 2} or more"
         )
     return Significance(tests, by_seed, notes)
 
@@ -146,7 +148,8 @@ def best_valid_ppl(run: RunRecord) -> float | None:
 
 
 def layer_means(records: list[dict | None]) -> dict | None:
-    """A Transformer's test AER per decoder layer over seeds, and the layers chosen (on validation) for the main figure."""
+    """A Transformer's test AER per decoder layer over seeds, and the layers chosen
+    (on validation) for the main figure."""
     present = [r for r in records if r]
     if not present:
         return None
@@ -186,6 +189,10 @@ def variant_summary(
         "timed_out": sum(bool(res.get("timed_out")) for res in results),  # type: ignore[union-attr]
         "best_step": spread([e["checkpoint_step"] for e in evals]),  # type: ignore[index]
         "decode_sentences_per_s": spread([e["sentences_per_s"] for e in evals]),  # type: ignore[index]
+        "decode_sentences_per_cpu_s": spread([e.get("sentences_per_cpu_s") for e in evals]),  # type: ignore[union-attr]
+        "train_tokens_per_cpu_s": spread(
+            [r["train_tokens"] / r["train_cpu_s"] if r.get("train_cpu_s") else None for r in results]
+        ),  # type: ignore[index,union-attr]
         "attention": {key: spread([e["attention"][key] for e in evals]) for key in ATTENTION},  # type: ignore[index]
         "alignment": {
             **{key: spread([a[key] for a in alignments]) for key in ALIGNMENT},
@@ -212,7 +219,8 @@ CONDITIONS = (
 
 
 def run_conditions(run: RunRecord) -> list[tuple]:
-    """The training conditions of each part of a run (a resumed run has several): RUN/conditions.json, else results.json."""
+    """The training conditions of each part of a run (a resumed run has several): RUN/conditions.json,
+    else results.json."""
     parts = run.conditions or [
         {"threads": (run.results or {}).get("threads"), "precision": (run.results or {}).get("precision")}
     ]

@@ -44,7 +44,8 @@ def parse_pharaoh(line: str, where: str) -> GoldAlignment:
         match = LINK.fullmatch(token)
         if match is None:
             raise NmtError(
-                f"{where}: '{token}' is not an alignment link; expected i-j (sure) or i?j (possible), 0-based word indices"
+                f"{where}: '{token}' is not an alignment link; expected i-j (sure) or i?j (possible), "
+                "0-based word indices"
             )
         link = (int(match.group(1)), int(match.group(3)))
         possible.add(link)
@@ -58,7 +59,8 @@ def read_pharaoh(path: str | Path, src: list[str], tgt: list[str]) -> list[GoldA
     lines = read_lines(str(path))
     if len(lines) != len(src):
         raise NmtError(
-            f"align={path}: {len(lines)} lines, but the test set has {len(src)} sentence pairs; expected one line per pair"
+            f"align={path}: {len(lines)} lines, but the test set has {len(src)} sentence pairs; "
+            "expected one line per pair"
         )
     gold = []
     for k, (line, s, t) in enumerate(zip(lines, src, tgt)):
@@ -68,8 +70,8 @@ def read_pharaoh(path: str | Path, src: list[str], tgt: list[str]) -> list[GoldA
             flipped = all(j < n_src and i < n_tgt for i, j in alignment.possible)
             hint = "; the links fit the other way round: is the file target-source?" if flipped else ""
             raise NmtError(
-                f"{path}:{k + 1}: link {bad[0]} points past the sentence pair ({n_src} source words, {n_tgt} target words); "
-                f"expected source-target links i-j, 0-based{hint}"
+                f"{path}:{k + 1}: link {bad[0]} points past the sentence pair ({n_src} source words, {n_tgt} target "
+                f"words); expected source-target links i-j, 0-based{hint}"
             )
         gold.append(alignment)
     return gold

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-# bleu_lc: BLEU of lowercased text after the 13a tokenization, what papers reporting "tokenized, lowercased BLEU" compare to
+# bleu_lc: BLEU of lowercased text after the 13a tokenization,
+# what papers reporting "tokenized, lowercased BLEU" compare to
 METRICS = {"bleu": BLEU, "chrf": CHRF, "ter": TER, "bleu_lc": lambda: BLEU(lowercase=True)}
 
 

@@ -11,7 +11,8 @@ have trained. Each test below resamples exactly one of them.
    of corpus BLEU (from summed sacrebleu sufficient statistics, as sacrebleu scores a corpus), and the
    draw's delta is the difference of the two means. The 95% interval is the 2.5th-97.5th percentile of
    the draws' deltas; p is the two-sided bootstrap p-value of the null "no difference" (the draws shifted
-   by the observed delta to be centred on 0, the share at least as far from 0 as the observed delta, counted as (k + 1) / (B + 1)).
+   by the observed delta to be centred on 0, the share at least as far from 0 as the observed delta,
+   counted as (k + 1) / (B + 1)).
    It holds the trained models fixed: it says whether *these* runs differ on sentences like these.
 2. **Welch's t-test over seeds** (unequal variances; scipy.stats.ttest_ind), on the per-seed corpus BLEU
    of each system, with its 95% interval of the difference of means. It says whether the variants differ

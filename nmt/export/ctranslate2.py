@@ -45,7 +45,8 @@ def _ct2():
         import ctranslate2
     except ImportError:
         raise NmtError(
-            "format=ctranslate2 needs the ctranslate2 package: pip install 'nmt-attention[ct2]' (or pip install ctranslate2)"
+            "format=ctranslate2 needs the ctranslate2 package: pip install 'nmt-attention[ct2]' "
+            "(or pip install ctranslate2)"
         ) from None
     return ctranslate2
 
@@ -130,7 +131,8 @@ def export_ctranslate2(
     """Write the CTranslate2 model directory `out` (it must not exist, or be empty); returns its path."""
     if cfg.model.arch != "transformer":
         raise NmtError(
-            f"checkpoint={source}: a model.arch={cfg.model.arch} model; CTranslate2 runs Transformers only, so format=ctranslate2 cannot export it"
+            f"checkpoint={source}: a model.arch={cfg.model.arch} model; CTranslate2 runs Transformers only, so "
+            "format=ctranslate2 cannot export it"
         )
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):

@@ -27,7 +27,7 @@ Masks are bool, True = real token.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -200,7 +200,8 @@ class LocalWindow(Attention):
     def band(
         self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """log a_t over a band of W = min(2D + 2, S) source positions holding the window (B, T, W), and the positions (B, T, W).
+        """log a_t over a band of W = min(2D + 2, S) source positions holding the window (B, T, W),
+        and the positions (B, T, W).
 
         Only the band is scored, so the cost is O(T * D) rather than O(T * S): each query meets its own
         W gathered keys (the scorer sees B * T sentences of one query). The band starts at
@@ -239,7 +240,8 @@ class LocalWindow(Attention):
         mask: torch.Tensor,
         steps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """In the band: the context from the band's values alone, the weights (B, T, S) the band scattered into zeros."""
+        """In the band: the context from the band's values alone, the weights
+        (B, T, S) the band scattered into zeros."""
         if not self.banded(mask.size(1), prepared.size(-1)):
             return super().forward(query, prepared, values, mask, steps)
         log_band, source = self.band(query, prepared, mask, steps)
@@ -265,13 +267,15 @@ class LocalWindow(Attention):
         return self.in_window(self.score(query, prepared), distance, inside)
 
     def in_window(self, scores: torch.Tensor, distance: torch.Tensor, inside: torch.Tensor) -> torch.Tensor:
-        """log softmax of the scores inside the window; local-p adds the Gaussian -(s - p_t)^2 / (2 sigma^2) (eq. 10, in log space)."""
+        """log softmax of the scores inside the window; local-p adds the Gaussian -(s - p_t)^2 /
+        (2 sigma^2) (eq. 10, in log space)."""
         log_a = masked_log_softmax(scores, inside)
         return log_a - distance**2 / (2 * self.sigma**2) if self.predictive else log_a
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x (B, S, *) at positions index (B, T, W) -> (B, T, W, *): whole rows copied (index_select), not element by element."""
+    """x (B, S, *) at positions index (B, T, W) -> (B, T, W, *): whole rows copied (index_select),
+    not element by element."""
     B, S, _ = x.shape
     rows = (index + S * torch.arange(B, device=index.device)[:, None, None]).flatten()  # (B * T * W,) into (B * S, *)
     return x.reshape(B * S, -1).index_select(0, rows).view(*index.shape, -1)

@@ -28,7 +28,8 @@ PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def bucket(rows: int) -> int:
-    """rows rounded up to a multiple of 8, and above 32 to one of four sizes per octave (64, 80, 96, 112, 128, 160, ...)."""
+    """rows rounded up to a multiple of 8, and above 32 to one of four sizes per octave
+    (64, 80, 96, 112, 128, 160, ...)."""
     step = max(8, 1 << max(rows.bit_length() - 3, 0))
     return -(-rows // step) * step
 
@@ -81,7 +82,8 @@ LINEARS: dict[str, type[nn.Module]] = {"bf16": Bf16Linear, "int8": Int8Linear}
 
 
 def to_precision(model: nn.Module, precision: str) -> nn.Module:
-    """Replace, in place, every nn.Linear outside the attention scorers by its `precision` version; fp32 changes nothing."""
+    """Replace, in place, every nn.Linear outside the attention scorers by its `precision` version;
+    fp32 changes nothing."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision}: expected one of {', '.join(PRECISIONS)}")
     if precision != "fp32":

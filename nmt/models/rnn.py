@@ -29,7 +29,8 @@ CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 
 
 class ScaledEmbedding(nn.Embedding):
-    """Token embeddings stored as N(0, 1/E) and read out times sqrt(E) (as the Transformer scales its own), PAD's row zero.
+    """Token embeddings stored as N(0, 1/E) and read out times sqrt(E)
+    (as the Transformer scales its own), PAD's row zero.
 
     Both ends of a tied embedding get the scale they need: the GRU/LSTM reads unit-scale inputs, which suit
     nn.GRU/nn.LSTM's default weights (inputs of std 1/sqrt(E) made the toy comparison's d64 RNNs learn next to
@@ -165,7 +166,8 @@ class RNNDecoder(nn.Module):
     def features(
         self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Teacher forcing, one `advance` per position: the output layer's input (B, T, E'), attention (B, T, S) if asked.
+        """Teacher forcing, one `advance` per position: the output layer's input (B, T, E'),
+        attention (B, T, S) if asked.
 
         The output layer runs once, after the loop, on every position together (`forward`) or on the live
         target positions only (training, `Seq2Seq.forward`): one large product instead of T small ones.

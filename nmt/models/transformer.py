@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.models.dropout import Dropout, dropout as drop
+from nmt.models.dropout import Dropout
+from nmt.models.dropout import dropout as drop
 from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence
 
 
@@ -220,7 +221,8 @@ class DecoderLayer(nn.Module):
         need_weights: bool,
         explicit: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Cross-attention then the feed-forward sub-layer; x (R, T, H), a sentence's R // B rows query its keys together.
+        """Cross-attention then the feed-forward sub-layer; x (R, T, H),
+        a sentence's R // B rows query its keys together.
 
         explicit: attention as explicit products even without weights asked (faster than SDPA for a step's few queries).
         """
@@ -270,7 +272,8 @@ class TransformerDecoder(nn.Module):
     def teacher_forced(
         self, tgt_in: torch.Tensor, enc: Enc, attn_layers: range
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The output layer's input (B, T, H) and the cross-attention of the layers asked for (B, len(attn_layers), N, T, S), or None."""
+        """The output layer's input (B, T, H) and the cross-attention of the layers asked for
+        (B, len(attn_layers), N, T, S), or None."""
         x = self.embed(tgt_in)  # (B, T, H)
         src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
         maps = []
@@ -283,7 +286,8 @@ class TransformerDecoder(nn.Module):
     def features(
         self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Teacher forcing: the output layer's input (B, T, H) and, if asked, cross-attention reduced for plotting (B, T, S)."""
+        """Teacher forcing: the output layer's input (B, T, H) and, if asked,
+        cross-attention reduced for plotting (B, T, S)."""
         last = len(self.layers) - 1
         features, maps = self.teacher_forced(tgt_in, enc, range(last, last + 1) if need_attn else range(0))
         return features, reduce_attention(maps) if need_attn else None
@@ -300,7 +304,8 @@ class TransformerDecoder(nn.Module):
         return self.teacher_forced(tgt_in, enc, range(len(self.layers)))[1]
 
     def prepare(self, enc: Enc) -> Enc:
-        """enc plus every layer's cross-attention keys and values "cross_k{i}", "cross_v{i}" (B, N, S, D), computed once.
+        """enc plus every layer's cross-attention keys and values "cross_k{i}", "cross_v{i}" (B, N, S, D),
+        computed once.
 
         Stored contiguous, so the steps' products read them in place (a head-split view would be copied at every step).
         """
@@ -310,12 +315,14 @@ class TransformerDecoder(nn.Module):
         return prepared
 
     def init_state(self, enc: Enc) -> State:
-        """Empty self-attention caches "self_k{i}", "self_v{i}" (B, N, 0, D) of the keys' dtype, one row per sentence (enc from `prepare`)."""
+        """Empty self-attention caches "self_k{i}", "self_v{i}" (B, N, 0, D) of the keys' dtype,
+        one row per sentence (enc from `prepare`)."""
         empty = enc["cross_k0"][:, :, :0]
         return {f"self_{kv}{i}": empty for i in range(len(self.layers)) for kv in "kv"}
 
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
-        """One token per row: prev (R,) -> logits (R, V), new state, attention (R, S); R // B rows per sentence of enc."""
+        """One token per row: prev (R,) -> logits (R, V), new state, attention (R, S);
+        R // B rows per sentence of enc."""
         t = state["self_k0"].size(2)
         x = self.embed(prev[:, None], offset=t)  # (R, 1, H)
         src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)

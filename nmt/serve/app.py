@@ -2,7 +2,8 @@
 
     POST /v1/translate   {"text": [...], "beam", "nbest", "attention", "model"} -> one result per line
     GET  /v1/models      each model's name, arch, attention variant, size, vocabularies, training steps
-    GET  /health         "ok", with the queue length, the batches and requests decoded, and the seconds (and CPU seconds) spent decoding
+    GET  /health         "ok", with the queue length, the batches and requests decoded, and the seconds (and CPU
+                         seconds) spent decoding
     GET  /               the page (static/index.html, style.css, app.js)
 
 Every error is a JSON object {"error": "...", "field": ...}: 4xx for the client's mistakes (see

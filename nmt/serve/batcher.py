@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -104,7 +105,8 @@ class Batcher:
             self.busy_cpu += time.thread_time() - started
 
     async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wait for a first job, then max_wait past its arrival (or the last batch's end), or until max_lines lines are queued."""
+        """Wait for a first job, then max_wait past its arrival (or the last batch's end),
+        or until max_lines lines are queued."""
         while not self.pending:
             self.arrived.clear()
             await self.arrived.wait()

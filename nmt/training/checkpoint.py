@@ -27,7 +27,8 @@ from nmt.fileio import atomic_open, fsync_dir
 from nmt.models.seq2seq import Seq2Seq, build_model
 
 FORMAT = "nmt-checkpoint"
-VERSION = 2  # 2: model.embed_scale exists (RNN embeddings read out times sqrt(E)); a version-1 config reads as embed_scale=false
+# 2: model.embed_scale exists (RNN embeddings read out times sqrt(E)); a version-1 config reads as embed_scale=false
+VERSION = 2
 BEST, LAST = "best.pt", "last.pt"
 STEP_NAME = re.compile(r"step_(\d+)\.pt")
 REQUIRED = {"model": dict, "config": str, "tokenizer": dict, "step": int}

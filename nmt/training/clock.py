@@ -13,8 +13,8 @@ Totals carry over a resume (they are part of the checkpoint's training state).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 CLOCKS = ("wall", "cpu")
 PHASES = ("valid", "save")  # timed apart from training

@@ -32,7 +32,7 @@ class Distributed:
     local_rank: int = 0
 
     @classmethod
-    def from_env(cls) -> "Distributed":
+    def from_env(cls) -> Distributed:
         """Read torchrun's variables; WORLD_SIZE unset or 1 means a single process."""
         try:
             world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -6,9 +6,10 @@ the same value as F.cross_entropy(x, y, label_smoothing=eps, reduction="sum") (S
 
 `smoothed_cross_entropy` computes it a block of rows at a time, in float32 whatever the logits' dtype (bf16
 under autocast), and writes the gradient in the logits' dtype: no (N, V) float32 copy, log-softmax or
-gradient of it is ever held (the backward pass computes each block's softmax again). The output layer's logits are the largest tensor of a step (N x V, 8,000 words
-x 4,000 tokens), and with F.cross_entropy casting them, normalising them and adding the two terms' gradients
-took about a third of a bf16 Transformer update on a CPU; blocks that stay in the cache take a fraction of it.
+gradient of it is ever held (the backward pass computes each block's softmax again). The output layer's
+logits are the largest tensor of a step (N x V, 8,000 words x 4,000 tokens), and with F.cross_entropy
+casting them, normalising them and adding the two terms' gradients took about a third of a bf16
+Transformer update on a CPU; blocks that stay in the cache take a fraction of it.
 
 Shape legend: N rows (target tokens), V vocab.
 """

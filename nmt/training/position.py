@@ -49,7 +49,8 @@ class DataPosition:
         return group
 
     def my_batches(self, group: list[list[int]]) -> list[Batch]:
-        """This process's share of an update's batches; a process left without one gets a batch that counts for nothing."""
+        """This process's share of an update's batches; a process left without one gets a batch that counts for
+        nothing."""
         split = self.train_pairs
         mine = group[self.dist.rank :: self.dist.world]
         if mine:

@@ -10,8 +10,7 @@ fp32 elsewhere, where bf16 would be emulated and slower than fp32.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import ContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -63,7 +62,7 @@ class Precision:
         self.name, self.device = name, device
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
 
-    def autocast(self) -> ContextManager:
+    def autocast(self) -> AbstractContextManager:
         if self.name == "fp32":
             return nullcontext()
         return torch.autocast(self.device.type, dtype=DTYPES[self.name])

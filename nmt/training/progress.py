@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 
@@ -131,8 +131,9 @@ class Progress:
         loss, speed = w.mean_loss, w.tokens_per_s
         eta = self.eta(step, elapsed)
         self.log(
-            f"step {step}/{self.max_steps} | epoch {epoch:.2f} | loss {loss:.3f} ppl {math.exp(min(loss, 50)):.1f} | lr {lr:.2e} | "
-            f"{speed:,.0f} tok/s | {duration(elapsed)}" + (f" | ETA {duration(eta)}" if eta is not None else "")
+            f"step {step}/{self.max_steps} | epoch {epoch:.2f} | loss {loss:.3f} ppl {math.exp(min(loss, 50)):.1f} | "
+            f"lr {lr:.2e} | {speed:,.0f} tok/s | {duration(elapsed)}"
+            + (f" | ETA {duration(eta)}" if eta is not None else "")
         )
         self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}")
         self.scalars({"train/loss": loss, "train/lr": lr, "train/tokens_per_s": speed}, step)

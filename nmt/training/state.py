@@ -43,7 +43,8 @@ class CheckpointState:
     """train_state, save and restore of the Trainer."""
 
     def train_state(self) -> dict:
-        """Everything besides the weights that exact resume needs (call on every process: it gathers their RNG states)."""
+        """Everything besides the weights that exact resume needs
+        (call on every process: it gathers their RNG states)."""
         rng_by_rank = self.dist.gather(rng_state())
         return {
             "optimizer": self.optimizer.state_dict(),
@@ -92,11 +93,13 @@ class CheckpointState:
         prune_checkpoints(folder, set(recent) | self.stopping.best_steps)
 
     def restore(self, payload: dict) -> None:
-        """Continue from a checkpoint of this run (its weights already loaded): optimizer, schedule, counters, RNG, data position."""
+        """Continue from a checkpoint of this run (its weights already loaded): optimizer, schedule, counters, RNG,
+        data position."""
         state, where = payload.get("train_state"), payload["path"]
         if not isinstance(state, dict):
             raise NmtError(
-                f"{where}: holds no training state (an averaged or exported checkpoint?); start from it with init_from= instead"
+                f"{where}: holds no training state (an averaged or exported checkpoint?); "
+                "start from it with init_from= instead"
             )
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -145,8 +148,9 @@ class CheckpointState:
                 else ""
             )
             self.log(
-                f"resume: train.batch_tokens/seed {tokens}/{seed} -> {new_tokens}/{new_seed}{subwords} from epoch {self.epoch + 1}; "
-                f"epoch {self.epoch} finishes with its own batches, so no pair is skipped or repeated"
+                f"resume: train.batch_tokens/seed {tokens}/{seed} -> {new_tokens}/{new_seed}{subwords} from epoch "
+                f"{self.epoch + 1}; epoch {self.epoch} finishes with its own batches, "
+                "so no pair is skipped or repeated"
             )
         elif self.batch_in_epoch == 0:
             self.batching = now
@@ -157,7 +161,10 @@ class CheckpointState:
         The data position counts batches, not updates, so the epoch goes on from the next batch either way."""
         before, now = accumulate * world, self.cfg.train.accumulate * self.dist.world
         if before != now:
-            change = f"world size {world} -> {self.dist.world}, train.accumulate {accumulate} -> {self.cfg.train.accumulate}: global batch x{now / before:g}"
+            change = (
+                f"world size {world} -> {self.dist.world}, train.accumulate {accumulate} -> "
+                f"{self.cfg.train.accumulate}: global batch x{now / before:g}"
+            )
             self.log(f"resume: {change} (each update now takes {now} batches of train.batch_tokens)")
             self.batch_changes.append({"step": self.step, "change": change})
 
@@ -165,9 +172,9 @@ class CheckpointState:
         """Mid-epoch, the position means something only in the same training pairs."""
         if saved is not None and self.batch_in_epoch > 0 and saved != pairs_fingerprint(self.src_lens, self.tgt_lens):
             raise NmtError(
-                f"resume: the training data now give other pairs than in {where} (a data.* setting or file changed), so its position "
-                f"(epoch {self.epoch}, batch {self.batch_in_epoch}) would skip or repeat pairs; resume with the same data, "
-                "or start a new run from its weights with init_from="
+                f"resume: the training data now give other pairs than in {where} (a data.* setting or file changed), "
+                f"so its position (epoch {self.epoch}, batch {self.batch_in_epoch}) would skip or repeat pairs; "
+                "resume with the same data, or start a new run from its weights with init_from="
             )
 
     def _apply_schedule(self) -> None:

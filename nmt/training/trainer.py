@@ -17,9 +17,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -63,7 +63,8 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self.guard = BadStepGuard(train.max_bad_steps)
         if cfg.resume is None and any((self.run_dir / "checkpoints").glob("*.pt")):
             raise NmtError(
-                f"run_dir={self.run_dir}: already holds a run's checkpoints; continue it with resume={self.run_dir}, or choose another run_dir"
+                f"run_dir={self.run_dir}: already holds a run's checkpoints; "
+                f"continue it with resume={self.run_dir}, or choose another run_dir"
             )
         if train.threads:
             torch.set_num_threads(train.threads)
@@ -107,18 +108,21 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self._warn_oversubscribed()
         if checkpoint is None and max(tok.src_vocab_size, tok.tgt_vocab_size) < cfg.data.vocab_size:
             self.log(
-                f"warning: data.vocab_size={cfg.data.vocab_size} is more than this training corpus supports; SentencePiece made "
-                f"{tok.src_vocab_size}/{tok.tgt_vocab_size} (source/target), used instead (results.json: vocab_size_used)"
+                f"warning: data.vocab_size={cfg.data.vocab_size} is more than this training corpus supports; "
+                f"SentencePiece made {tok.src_vocab_size}/{tok.tgt_vocab_size} (source/target), used instead "
+                "(results.json: vocab_size_used)"
             )
         if cfg.data.src_subword_alpha or cfg.data.tgt_subword_alpha:
             self.log(
-                f"data: training subwords sampled afresh each epoch (alpha: source {cfg.data.src_subword_alpha}, target {cfg.data.tgt_subword_alpha})"
+                f"data: training subwords sampled afresh each epoch (alpha: source {cfg.data.src_subword_alpha}, "
+                f"target {cfg.data.tgt_subword_alpha})"
             )
         if checkpoint is not None and cfg.resume is not None:
             self.restore(checkpoint)
         elif checkpoint is not None:
             self.log(
-                f"init_from: weights of {checkpoint['path']} (step {checkpoint['step']}); fresh optimizer, schedule and counters"
+                f"init_from: weights of {checkpoint['path']} (step {checkpoint['step']}); fresh optimizer, "
+                "schedule and counters"
             )
         if self.dist.rank and cfg.resume is None:
             torch.manual_seed(train.seed + 1000 * self.dist.rank)  # the same weights, but each process its own dropout
@@ -155,8 +159,9 @@ class Trainer(CheckpointState, Validation, DataPosition):
         busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         if self.device.type == "cpu" and (threads > cores or (threads > 1 and busy + threads > cores + 0.5)):
             self.log(
-                f"warning: {threads} training threads on {cores} cores with a load average of {busy:.1f}: other processes share "
-                "the CPU and OpenMP threads will wait on each other; set train.threads=1 for runs side by side"
+                f"warning: {threads} training threads on {cores} cores with a load average of {busy:.1f}: other "
+                "processes share the CPU and OpenMP threads will wait on each other; "
+                "set train.threads=1 for runs side by side"
             )
 
     # --- one update ----------------------------------------------------------------------------
@@ -202,7 +207,8 @@ class Trainer(CheckpointState, Validation, DataPosition):
         """Count an update skipped for a non-finite value; too many in a row stop the run."""
         stop = self.guard.bad()
         self.log(
-            f"step {self.step + 1} | non-finite loss or gradient: update skipped ({self.guard.in_a_row} in a row, {self.guard.total} in all)"
+            f"step {self.step + 1} | non-finite loss or gradient: update skipped ({self.guard.in_a_row} in a row, "
+            f"{self.guard.total} in all)"
         )
         if stop:
             last = (
@@ -212,8 +218,8 @@ class Trainer(CheckpointState, Validation, DataPosition):
             )
             raise TrainingStopped(
                 f"step {self.step + 1}: {self.guard.in_a_row} updates in a row had a non-finite loss or gradient "
-                f"(train.max_bad_steps={self.cfg.train.max_bad_steps}), training stopped at epoch {self.epoch} batch {self.batch_in_epoch}; "
-                f"last good checkpoint: {last}; lower train.lr or check the data"
+                f"(train.max_bad_steps={self.cfg.train.max_bad_steps}), training stopped at epoch {self.epoch} batch "
+                f"{self.batch_in_epoch}; last good checkpoint: {last}; lower train.lr or check the data"
             )
 
     # --- the loop ------------------------------------------------------------------------------
@@ -293,8 +299,8 @@ class Trainer(CheckpointState, Validation, DataPosition):
                 self.timed_out = self.dist.agree(self.elapsed() >= max_time_s, self.device)
                 if self.timed_out:
                     self.log(
-                        f"step {self.step} | train.max_time={cfg.max_time} minutes of training ({cfg.budget_clock} clock) reached "
-                        f"after {self.elapsed():.0f} s: stopping"
+                        f"step {self.step} | train.max_time={cfg.max_time} minutes of training ({cfg.budget_clock} "
+                        f"clock) reached after {self.elapsed():.0f} s: stopping"
                     )
             self._after_update(progress)
 

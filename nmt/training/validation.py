@@ -13,8 +13,8 @@ import torch
 
 from nmt.data.batching import token_batches
 from nmt.evaluation.metrics import corpus_score
-from nmt.training.checkpoint import BEST
 from nmt.models.quantize import to_precision
+from nmt.training.checkpoint import BEST
 from nmt.translation import Translator, decode_settings
 
 
@@ -44,14 +44,15 @@ class Validation:
             "valid_chrf": chrf.score,
         }
         self.log(
-            f"step {self.step} | valid loss {loss:.3f} ppl {result['valid_ppl']:.2f} | BLEU {bleu.score:.2f} chrF {chrf.score:.2f} "
-            f"({decode_settings(self.cfg.decode)}; {bleu.signature})"
+            f"step {self.step} | valid loss {loss:.3f} ppl {result['valid_ppl']:.2f} | BLEU {bleu.score:.2f} chrF "
+            f"{chrf.score:.2f} ({decode_settings(self.cfg.decode)}; {bleu.signature})"
         )
         self.bleu_signature = bleu.signature
         return result
 
     def validation_translator(self):
-        """The translator of validation BLEU: in decode.precision, like nmt-translate (a converted copy of the model)."""
+        """The translator of validation BLEU: in decode.precision, like nmt-translate
+        (a converted copy of the model)."""
         precision = self.cfg.decode.precision
         if precision == "fp32":
             return self.translator
@@ -78,6 +79,7 @@ class Validation:
         if self.stopping.should_stop:
             step, score = self.stopping.best[0]
             self.log(
-                f"step {self.step} | early stop: valid {metric} not improved for {self.stopping.patience} validations (best {score:.4g} at step {step})"
+                f"step {self.step} | early stop: valid {metric} not improved for {self.stopping.patience} validations "
+                f"(best {score:.4g} at step {step})"
             )
         return improved, ranked
