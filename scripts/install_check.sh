@@ -16,7 +16,7 @@ mkdir "$WORK/empty" && cd "$WORK/empty"
 BIN="$WORK/venv/bin"
 export OMP_NUM_THREADS=1
 "$BIN/python" -c "import nmt, nmt.api; print('nmt', nmt.__version__, 'from', nmt.__file__)"
-"$BIN/nmt-train" experiment=quickstart run_dir=run train.max_steps=20 train.valid_every=20 train.save_every=20 train.progress=false
+"$BIN/nmt-train" experiment=quickstart run_dir=run train.max_steps=20 train.valid_every=20 train.save_every=20 train.valid_bleu_sentences=20 train.progress=false
 "$BIN/nmt-translate" checkpoint=run input=data/toy/test.src output=test.hyp
 "$BIN/nmt-evaluate" hyp=test.hyp ref=data/toy/test.tgt
 test "$(wc -l < test.hyp)" -eq "$(wc -l < data/toy/test.src)"
