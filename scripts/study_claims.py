@@ -119,11 +119,20 @@ def quality(out: Path, plan, refs: list[str], a: str, b: str, samples: int, seed
 
 
 def cost(out: Path, plan, a: str, b: str) -> dict:
+    """Training target tokens and decoded test sentences per CPU second (one thread: per core-second, which the
+    other run beside it does not slow), median over seeds, A / B."""
     runs_a, runs_b = per_seed(out, plan, a), per_seed(out, plan, b)
-    train = lambda runs: [r.results["train_tokens_per_s"] for r in runs.values()]  # noqa: E731
-    decode = lambda runs: [r.evaluation["sentences_per_s"] for r in runs.values()]  # noqa: E731
+
+    def train(runs):
+        return [
+            r.results["train_tokens"] / r.results["train_cpu_s"] for r in runs.values() if r.results.get("train_cpu_s")
+        ]
+
+    def decode(runs):
+        return [r.evaluation["sentences_per_cpu_s"] for r in runs.values() if r.evaluation.get("sentences_per_cpu_s")]
+
     found = {}
-    for key, get in (("train tokens/s", train), ("decode sentences/s", decode)):
+    for key, get in (("train tokens/CPU-s", train), ("decode sentences/CPU-s", decode)):
         va, vb = get(runs_a), get(runs_b)
         if va and vb:
             found[key] = {
@@ -187,7 +196,7 @@ def main() -> None:
         if missing:
             lines.append(f"| {claim.number} | {claim.text} | {claim.better} | {claim.worse} | | | | | | {missing} |")
             continue
-        evidence, verdict = [], "cannot tell at this budget"
+        evidence, verdict = [], "cannot tell at this budget" if q else "not finished yet"
         for key, found in (c or {}).items():
             evidence.append(
                 f"{key} A/B {found['ratio']:.2f}"
@@ -206,8 +215,8 @@ def main() -> None:
                     if q["welch"].ci_low > -LITTLE
                     else ("not supported" if q["welch"].ci_high < -LITTLE else verdict)
                 )
-        elif claim.kind == "cost" and c.get("train tokens/s"):
-            found = c["train tokens/s"]
+        elif claim.kind == "cost" and c.get("train tokens/CPU-s"):
+            found = c["train tokens/CPU-s"]
             if found["welch"] and found["welch"].p_value < ALPHA:
                 verdict = "supported" if found["ratio"] > 1 else "not supported (the other is faster)"
         elif claim.kind == "stability" and q:
@@ -220,10 +229,11 @@ def main() -> None:
         elif claim.kind == "long range":
             a, b = variants[claim.better]["length_bleu"][-1], variants[claim.worse]["length_bleu"][-1]
             bucket = summary["length_buckets"][-1]
-            evidence.append(
-                f"longest bucket ({bucket['words']} words, n={bucket['sentences']}): A {a['mean']:.1f}, "
-                f"B {b['mean']:.1f}"
-            )
+            if a["mean"] is not None and b["mean"] is not None:
+                evidence.append(
+                    f"longest bucket ({bucket['words']} words, n={bucket['sentences']}): A {a['mean']:.1f}, "
+                    f"B {b['mean']:.1f}"
+                )
         lines.append(
             f"| {claim.number} | {claim.text} | {claim.better} | {claim.worse} | {fmt(q['a']) if q else 'n/a'} | "
             f"{fmt(q['b']) if q else 'n/a'} | {interval(q['boot']) if q else 'n/a'} | "
