@@ -354,10 +354,23 @@ class ServeSettings:
     max_beam: int = key(16, at_least(1))  # the widest beam a request may ask for (nbest is at most its beam)
     max_wait_ms: float = key(5.0, at_least(0))  # the first request of a batch waits this long for others to join it
     max_batch_lines: int = key(256, at_least(1))  # a batch closes early once its requests hold this many lines
-    access_log: bool = True  # one log line per request on stderr
+    access_log: bool = True  # one JSON log line per request on stderr
+    timeout_s: float = key(60.0, positive())  # a request not answered by then gets a JSON 504 and its work is dropped
+    max_queue_lines: int = key(4096, at_least(1))  # lines waiting to be decoded; past it 503 + Retry-After
+    max_requests: int = key(256, at_least(1))  # HTTP requests handled at once; past it 503 + Retry-After
+    long_tokens: int = key(512, at_least(1))  # a line of more beam rows x source tokens is "long": batched apart
+    workers: int = key(1, at_least(1))  # search processes (N > 1: each loads the models; 1: threads of this process)
+    shutdown_s: float = key(30.0, at_least(0))  # on SIGTERM or Ctrl-C, in-flight requests get this long to finish
+    # Host header names (any port) the server answers; others get a JSON 400 (DNS rebinding). "*" accepts any.
+    allowed_hosts: list[str] = field(default_factory=lambda: ["localhost", "127.0.0.1", "::1"])
 
     def __post_init__(self) -> None:
         check_fields(self, "serve.")
+        for name in self.allowed_hosts:
+            require(
+                isinstance(name, str) and name.strip() != "" and "/" not in name,
+                f"serve.allowed_hosts: {name!r}: expected host names such as localhost or example.org, or *",
+            )
 
 
 @dataclass

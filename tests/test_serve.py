@@ -5,6 +5,7 @@ import json
 import threading
 import time
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ from nmt.cli.common import run  # noqa: E402
 from nmt.config import DecodeConfig, ServeConfig, ServeSettings  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.serve.app import create_app  # noqa: E402
-from nmt.serve.batcher import Batcher  # noqa: E402
 from nmt.serve.models import load_model  # noqa: E402
+from nmt.serve.scheduler import Cancelled, Overloaded, Scheduler  # noqa: E402
 from nmt.training.checkpoint import load_checkpoint  # noqa: E402
 from tests.test_cli import TINY, cli, toy_overrides  # noqa: E402
 from tests.test_config_checks import ruled_keys  # noqa: E402
@@ -31,6 +32,7 @@ from tests.test_errors import one_error_line  # noqa: E402
 DECODE = DecodeConfig(max_len_a=1.0, max_len_b=4)  # short outputs keep a barely trained model fast
 SETTINGS = ServeSettings(max_lines=8, max_chars=400, max_beam=6, max_wait_ms=0, access_log=False)
 _RUNS: dict[str, dict[str, str]] = {}
+LOCAL = "http://localhost"  # the Host the test client sends: a loopback name, as serve.allowed_hosts wants
 
 
 def trained_pair(tmp_path_factory, toy_dir) -> dict[str, str]:
@@ -70,7 +72,7 @@ def models(runs):
 
 @pytest.fixture(scope="module")
 def client(models):
-    with TestClient(create_app(models, SETTINGS, DECODE)) as c:
+    with TestClient(create_app(models, SETTINGS, DECODE), base_url=LOCAL) as c:
         yield c
 
 
@@ -98,7 +100,7 @@ def test_models_and_health(client, runs):
     assert (b["arch"], b["variant"]["score"], b["variant"]["window"]) == ("luong", "general", "global")
     for name, m in by_name.items():
         payload = load_checkpoint(runs[name])
-        assert m["steps"] == payload["step"] and m["checkpoint"] == payload["path"]
+        assert m["steps"] == payload["step"] and m["label"] == Path(runs[name]).name and "checkpoint" not in m
         weights = {
             v.data_ptr(): v.numel() for v in payload["model"].values() if v.is_floating_point()
         }  # tied weights once
@@ -106,6 +108,7 @@ def test_models_and_health(client, runs):
         assert m["src_vocab_size"] > 8 and m["tgt_vocab_size"] > 8 and m["max_beam"] == SETTINGS.max_beam
     assert listed["limits"] == {"max_lines": SETTINGS.max_lines, "max_chars": SETTINGS.max_chars}
     assert listed["decode"]["beam"] == 1 and "beam=1" in listed["decode"]["settings"]
+    assert str(Path(runs["a"]).parent) not in json.dumps(listed)  # no path of this host in what clients see
     health = client.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["models"] == ["a", "b"]
 
@@ -180,7 +183,16 @@ def test_the_compared_model_answers_by_name(client, sources):
             "nbest=3: expected an integer in [1, 2] (at most beam=2)",
         ),
         (b'{"text": ["x"], "nbest": 1.5}', 422, "nbest", "nbest=1.5: expected an integer"),
-        (b'{"text": ["x"], "attention": "yes"}', 422, "attention", 'attention="yes": expected true or false'),
+        (
+            b'{"text": ["x"], "attention": "yes"}',
+            422,
+            "attention",
+            'attention="yes": expected true, false or a list of line numbers',
+        ),
+        (b'{"text": ["x"], "attention": [1]}', 422, "attention", "attention: line 1 is not a line of text"),
+        (b'{"text": ["x", "\\ud800"]}', 400, "text", "text[1]: holds a lone surrogate"),
+        (b"[" * 3000 + b"]" * 3000, 400, None, "nested more than 32 deep"),
+        (b'{"text": ["x"], "beam": ' + b"9" * 5000 + b"}", 400, None, "a number too long to read"),
         (b'{"text": ["x"], "model": "c"}', 422, "model", 'model="c": unknown; expected one of a, b'),
         (json.dumps({"text": ["x"] * 9}).encode(), 413, "text", "text: 9 lines; at most serve.max_lines=8"),
         (
@@ -210,12 +222,18 @@ def test_unknown_routes_and_methods_are_json_errors(client):
 
 
 def test_a_decoding_failure_is_a_500_and_the_server_goes_on(client, models, sources, monkeypatch):
-    def broken(beam, nbest):
-        raise RuntimeError("out of memory (simulated)")
+    from nmt.serve import lanes
 
-    monkeypatch.setattr(models[0], "searcher", broken)
+    real = lanes.search
+
+    def broken(translator, *args):
+        if translator is models[0].translator:
+            raise RuntimeError("out of memory at /secret/host/path (simulated)")
+        return real(translator, *args)
+
+    monkeypatch.setattr(lanes, "search", broken)
     error = translate(client, {"text": [sources[0]]}, status=500)
-    assert error["error"] == "decoding failed: RuntimeError: out of memory (simulated)"
+    assert error == {"error": "decoding failed (the server's log has the details)", "field": None}
     assert translate(client, {"text": [sources[0]], "model": "b"})["translations"][0][
         "nbest"
     ]  # the other model is unaffected
@@ -240,7 +258,8 @@ def test_concurrent_requests_are_batched_and_match_one_at_a_time(client, models,
     batched_settings = ServeSettings(
         max_lines=8, max_chars=400, max_beam=6, max_wait_ms=20000, max_batch_lines=lines, access_log=False
     )
-    with TestClient(create_app(models, batched_settings, DECODE)) as batched:
+    batched_settings.max_batch_lines = sum(1 for body in bodies for line in body["text"] if line.strip())
+    with TestClient(create_app(models, batched_settings, DECODE), base_url=LOCAL) as batched:
         together: list = [None] * len(bodies)
 
         def send(i):
@@ -252,7 +271,9 @@ def test_concurrent_requests_are_batched_and_match_one_at_a_time(client, models,
         for t in threads:
             t.join(timeout=60)
         health = batched.get("/health").json()
-    assert health["batches"] == 1 and health["requests"] == len(bodies)  # the batch closed when the cap was reached
+    keys = {(body["model"], body["beam"]) for body in bodies}
+    assert health["batches"] == len(keys) and health["requests"] == len(bodies)  # one batch per (model, beam)
+    assert health["lines"] == batched_settings.max_batch_lines
     for one, both in zip(alone, together):
         assert [r["text"] for r in both["translations"]] == [r["text"] for r in one["translations"]]
         assert both["model"]["name"] == one["model"]["name"] and both["decode"] == one["decode"]
@@ -265,7 +286,7 @@ def test_concurrent_requests_are_batched_and_match_one_at_a_time(client, models,
 def test_long_sources_are_cut_with_a_warning_naming_the_line(models, sources):
     decode = DecodeConfig(max_len_a=0, max_len_b=3, max_src_len=5)
     app = create_app([load_model("a", models[0].checkpoint, decode, torch.device("cpu"))], SETTINGS, decode)
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         reply = translate(c, {"text": ["ze", " ".join(sources[:3])]})
     assert len(reply["translations"]) == 2
     assert (
@@ -275,52 +296,110 @@ def test_long_sources_are_cut_with_a_warning_naming_the_line(models, sources):
     )
 
 
-# --- the batcher on its own (no model) ---
+# --- the scheduler on its own (no model) ---
 
 
-def run_batcher(work, payloads, max_wait=0.05, max_lines=100, sizes=None):
-    """Submit every payload at once; (outcome or exception per payload, batches, the payload lists work saw)."""
+def schedule(work, requests, lanes=1, max_wait=0.05, max_lines=100, max_cost=10**6, long_cost=10**6, queue=1000):
+    """Submit every request (a list of (payload, cost)) at once; (results or exception per request, the scheduler,
+    the (lane, payloads) that work saw, in order)."""
     seen = []
 
-    def recording(batch):
-        seen.append(list(batch))
-        return work(batch)
+    def recording(lane, key, payloads, cancel):
+        seen.append((lane, list(payloads)))
+        return work(payloads, cancel)
 
     async def main():
-        batcher = Batcher(recording, max_wait, max_lines)
-        batcher.start()
-        tasks = [asyncio.create_task(batcher.submit(p, (sizes or {}).get(p, 1))) for p in payloads]
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        await batcher.stop()
-        return outcomes, batcher.batches
+        scheduler = Scheduler(recording, lanes, max_wait, max_lines, max_cost, long_cost, queue)
+        scheduler.start()
+        tickets = [scheduler.submit("k", [p for p, _ in r], [c for _, c in r]) for r in requests]
+        outcomes = await asyncio.gather(*(t.future for t in tickets), return_exceptions=True)
+        await scheduler.stop()
+        return outcomes, scheduler
 
-    outcomes, batches = asyncio.run(main())
-    return outcomes, batches, seen
+    outcomes, scheduler = asyncio.run(main())
+    return outcomes, scheduler, seen
 
 
-def test_batcher_gathers_keeps_order_and_caps_lines():
-    outcomes, batches, seen = run_batcher(lambda batch: [p * 10 for p in batch], [1, 2, 3, 4, 5])
-    assert outcomes == [10, 20, 30, 40, 50] and batches == 1 and seen == [[1, 2, 3, 4, 5]]
+def test_scheduler_gathers_keeps_order_and_caps_lines():
+    outcomes, scheduler, seen = schedule(lambda ps, c: [p * 10 for p in ps], [[(1, 1), (2, 1)], [(3, 1)]])
+    assert outcomes == [[10, 20], [30]] and scheduler.batches == 1
     started = time.monotonic()
-    outcomes, batches, seen = run_batcher(
-        lambda batch: list(batch), [1, 2, 3, 4, 5], max_wait=10, max_lines=4, sizes={1: 2, 2: 2, 3: 3, 5: 4}
-    )
-    assert outcomes == [1, 2, 3, 4, 5] and seen == [[1, 2], [3, 4], [5]]  # at most 4 lines a batch, a larger job alone
-    assert time.monotonic() - started < 5  # each batch closed on reaching 4 lines, without waiting out max_wait
+    outcomes, _, seen = schedule(lambda ps, c: list(ps), [[(i, 1)] for i in range(5)], max_wait=10, max_lines=2)
+    assert outcomes == [[0], [1], [2], [3], [4]] and [p for _, p in seen] == [[0, 1], [2, 3], [4]]
+    assert time.monotonic() - started < 5  # closed on reaching 2 lines, the rest went without waiting out max_wait
 
 
-def test_batcher_gives_each_request_its_own_failure():
-    def work(batch):
-        return [ValueError(f"bad {p}") if p % 2 else p for p in batch]
+def test_scheduler_is_fair_to_a_small_request_behind_a_large_one():
+    big = [(f"big{i}", 1) for i in range(6)]
+    outcomes, _, seen = schedule(lambda ps, c: list(ps), [big, [("small", 1)]], max_lines=2)
+    assert [p for _, p in seen][0] == ["big0", "small"]  # one line of each request in turn
+    assert outcomes[0] == [p for p, _ in big] and outcomes[1] == ["small"]
 
-    outcomes, _, _ = run_batcher(work, [1, 2, 3])
-    assert isinstance(outcomes[0], ValueError) and str(outcomes[0]) == "bad 1" and outcomes[1] == 2
 
-    def crash(batch):
-        raise RuntimeError("crashed")
+def test_scheduler_batches_long_lines_apart_and_keeps_a_lane_for_short_ones():
+    order = []
 
-    outcomes, batches, _ = run_batcher(crash, [1, 2])
-    assert batches == 1 and all(isinstance(o, RuntimeError) for o in outcomes)
+    def work(payloads, cancel):
+        if payloads[0].startswith("long"):
+            time.sleep(0.5)
+        order.append(payloads[0])
+        return list(payloads)
+
+    requests = [[("long1", 100), ("long2", 100)], [("short1", 1)], [("short2", 1)]]
+    outcomes, _, seen = schedule(work, requests, lanes=1, long_cost=50, max_cost=150)
+    assert outcomes == [["long1", "long2"], ["short1"], ["short2"]]
+    assert all(not any(p.startswith("long") for p in ps) or all(p.startswith("long") for p in ps) for _, ps in seen)
+    assert seen[0] == (0, ["long1"])  # cost cap: one long line a batch
+    assert (1, ["short1", "short2"]) in seen  # the reserved lane took the short ones while lane 0 ran long
+    assert order.index("short1") < order.index("long1")  # and answered them before the long line was done
+
+
+def test_scheduler_overload_cancel_and_isolation():
+    async def overload():
+        scheduler = Scheduler(lambda *a: [], 1, 10, 100, 100, 100, queue := 3)
+        scheduler.start()
+        scheduler.submit("k", [1, 2], [1, 1])
+        with pytest.raises(Overloaded) as info:
+            scheduler.submit("k", [3, 4], [1, 1])
+        assert info.value.retry_after >= 1 and f"serve.max_queue_lines={queue}" in str(info.value)
+        await scheduler.stop()
+
+    asyncio.run(overload())
+
+    steps = []
+
+    def slow(payloads, cancel):  # a search that checks its cancel event each step, as lanes.Stoppable does
+        for _ in range(200):
+            if cancel.is_set():
+                raise Cancelled()
+            steps.append(1)
+            time.sleep(0.01)
+        return list(payloads)
+
+    async def cancelling():
+        scheduler = Scheduler(lambda lane, key, ps, cancel: slow(ps, cancel), 1, 0, 100, 100, 100, 100)
+        scheduler.start()
+        running, waiting = scheduler.submit("k", [1], [1]), None
+        await asyncio.sleep(0.2)
+        waiting = scheduler.submit("k", [2], [1])
+        scheduler.cancel(waiting)
+        assert scheduler.waiting_lines == 0
+        scheduler.cancel(running)
+        await asyncio.sleep(0.3)
+        assert not scheduler.running  # the running search stopped at its next step
+        await scheduler.stop()
+
+    asyncio.run(cancelling())
+    assert len(steps) < 100
+
+    def picky(payloads, cancel):
+        if "bad" in payloads:
+            raise ValueError("cannot decode 'bad'")
+        return list(payloads)
+
+    outcomes, _, seen = schedule(picky, [[("good", 1)], [("bad", 1), ("also", 1)], [("fine", 1)]])
+    assert outcomes[0] == ["good"] and outcomes[2] == ["fine"]  # decoded again without the failing request
+    assert isinstance(outcomes[1], ValueError)
 
 
 # --- the command ---
@@ -368,7 +447,7 @@ def test_the_command_loads_both_models_and_listens_on_loopback(runs, capsys, mon
         and "model b: " in out
         and "Luong: general score" in out
     )
-    with TestClient(served["app"]) as c:
+    with TestClient(served["app"], base_url=LOCAL) as c:
         assert [m["name"] for m in c.get("/v1/models").json()["models"]] == ["a", "b"]
 
 

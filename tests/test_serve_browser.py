@@ -7,8 +7,6 @@ NMT_SERVE_SCREENSHOT=docs/serve.png to keep the screenshot (the README's); other
 
 import os
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,11 +15,10 @@ import torch
 pytest.importorskip("starlette")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-from nmt.cli.serve import listen  # noqa: E402
 from nmt.config import ServeSettings  # noqa: E402
-from nmt.serve.app import create_app  # noqa: E402
 from nmt.serve.models import load_model  # noqa: E402
 from tests.test_serve import DECODE, trained_pair, translate  # noqa: E402
+from tests.test_serve_hostile import serving  # noqa: E402
 
 # The real binary first: Debian's /usr/bin/chromium is a shell wrapper around it.
 CANDIDATES = ("/usr/lib/chromium/chromium", "chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -51,23 +48,10 @@ def httpx_client(base: str):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, toy_dir):
     """nmt-serve with both tiny models on a free loopback port, in a thread of this process."""
-    import uvicorn
-
     runs = trained_pair(tmp_path_factory, toy_dir)
     models = [load_model(name, path, DECODE, torch.device("cpu")) for name, path in runs.items()]
-    sock = listen("127.0.0.1", 0)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(models, ServeSettings(access_log=False), DECODE), log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the server did not start"
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(models, ServeSettings(access_log=False)) as (base, _):
+        yield base
 
 
 def test_page_translates_and_hover_highlights_attended_tokens(server, toy_dir, tmp_path):

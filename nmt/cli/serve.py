@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 
@@ -15,6 +16,8 @@ from nmt.runtime import resolve_device
 USAGE = """
 usage: nmt-serve checkpoint=PATH [compare=PATH] [host=127.0.0.1] [port=8000] [decode=greedy|beam] [decode.KEY=VALUE ...]
                  [serve.max_lines=N] [serve.max_chars=N] [serve.max_beam=N] [serve.max_wait_ms=MS] [serve.max_batch_lines=N]
+                 [serve.workers=N] [serve.timeout_s=S] [serve.max_queue_lines=N] [serve.max_requests=N]
+                 [serve.allowed_hosts=[NAME,...]] [serve.shutdown_s=S] [serve.long_tokens=N] [serve.access_log=BOOL]
 
 Load the model(s) once and serve, until Ctrl-C:
   POST /v1/translate  {"text": ["...", ...], "beam": 5, "nbest": 1, "attention": false, "model": "a"}
@@ -22,7 +25,11 @@ Load the model(s) once and serve, until Ctrl-C:
   GET  /health        for a load balancer
   GET  /              a page with the translation, the n-best list and an interactive attention heat map;
                       with compare=PATH, both models side by side (model "a" is checkpoint, "b" is compare)
-Concurrent requests are decoded together (the first waits up to serve.max_wait_ms for others).
+Concurrent requests are decoded together (the first waits up to serve.max_wait_ms for others), fairly: a long
+request never holds a short one. Overload gets 503 with Retry-After, a request past serve.timeout_s gets 504,
+a client that leaves has its work dropped; serve.workers=N searches in N processes (one per core).
+Only Host names in serve.allowed_hosts are answered (loopback names by default); SIGTERM or Ctrl-C lets
+in-flight requests finish for up to serve.shutdown_s seconds.
 It listens on 127.0.0.1 only unless host= says otherwise; port=0 takes any free port. Examples:
   nmt-serve checkpoint=runs/quickstart
   nmt-serve checkpoint=runs/transformer compare=runs/luong decode=beam port=8080
@@ -50,6 +57,37 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_config(app, settings):
+    """How uvicorn runs the app: no access log of its own (the app writes one JSON line per request), shutdown
+    bounded by serve.shutdown_s, sockets bounded above serve.max_requests (the app answers JSON 503s first), idle
+    keep-alive connections closed after 5 s, and no Server banner."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=settings.shutdown_s,
+        limit_concurrency=settings.max_requests + 64,
+        timeout_keep_alive=5,
+        server_header=False,
+    )
+
+
+def configure_logging() -> None:
+    """The server's own log lines on stderr: access lines as JSON, the rest prefixed "nmt-serve:"."""
+    import logging
+
+    for name, form in (("nmt.serve.access", "%(message)s"), ("nmt.serve", "nmt-serve: %(levelname)s: %(message)s")):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter(form))
+            logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def serve(cfg: ServeConfig) -> None:
     """Load the models, bind the socket, and run the app until interrupted."""
     try:
@@ -66,7 +104,8 @@ def serve(cfg: ServeConfig) -> None:
     device = resolve_device(cfg.device, key="device")
     paths = {"a": cfg.checkpoint} | ({"b": cfg.compare} if cfg.compare else {})
     models = [load_model(name, path, cfg.decode, device) for name, path in paths.items()]
-    app = create_app(models, cfg.serve, cfg.decode)
+    configure_logging()
+    app = create_app(models, cfg.serve, cfg.decode, paths, cfg.threads, str(device))
     sock = listen(cfg.host, cfg.port)
     for m in models:
         print(f"nmt-serve: model {m.name}: {m.checkpoint} ({m.info['title']}, {m.steps} steps)", flush=True)
@@ -78,13 +117,22 @@ def serve(cfg: ServeConfig) -> None:
             f"nmt-serve: warning: host={cfg.host} accepts connections from other machines; there is no authentication",
             file=sys.stderr,
         )
-    config = uvicorn.Config(
-        app, log_level="info" if cfg.serve.access_log else "warning", access_log=cfg.serve.access_log
-    )
+        if "*" not in cfg.serve.allowed_hosts:
+            print(
+                f"nmt-serve: clients must send a Host name in serve.allowed_hosts={list(cfg.serve.allowed_hosts)}; "
+                "add the names they use (or *)",
+                file=sys.stderr,
+            )
+    config = uvicorn_config(app, cfg.serve)
+    # uvicorn shuts down gracefully on SIGTERM or Ctrl-C (in-flight requests get serve.shutdown_s), then raises the
+    # signal again for the handler it found: this one, so that a stop on purpose is a clean exit.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then raises it again
+    except KeyboardInterrupt:
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print("nmt-serve: stopped", flush=True)
 
 

@@ -1,15 +1,16 @@
 """A checkpoint loaded for serving: what it is (GET /v1/models) and its translations as JSON-ready results.
 
-Translation goes through `Translator.translate_lines` (one result per line, empty lines stay empty,
-order kept, long sources cut) and the attention through `attention_record`, as in nmt-translate. Each
-(beam, nbest) pair gets a Translator of its own, built per batch, so a request's settings never touch
-another's; the model and tokenizer are shared and only the one worker thread runs them.
+A request's lines are encoded here (cut to decode.max_src_len with a warning naming the line, as nmt-translate
+does), searched by the lanes (nmt.serve.lanes), and turned back into results: detokenized n-best lists, scores and,
+for the lines that asked, the attention through `attention_record`, as in nmt-translate. The server's responses
+name a model by its label (the run folder's name), never by the checkpoint's path on this host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 
 from nmt.attention_io import attention_record
 from nmt.config import Config, DecodeConfig, ModelConfig
+from nmt.search import Hypothesis
 from nmt.translation import Translation, Translator
 
 ARCH_NAMES = {"transformer": "Transformer", "bahdanau": "Bahdanau", "luong": "Luong"}
@@ -46,7 +48,13 @@ class ServedModel:
     translator: Translator  # with the server's default search settings
     config: Config  # the config it was trained with
     steps: int  # training steps of the checkpoint
-    checkpoint: str  # the file it was read from
+    checkpoint: str  # the file it was read from (for the operator's console only)
+
+    @property
+    def label(self) -> str:
+        """The run folder's name (runs/m30k/checkpoints/best.pt -> m30k), or the file's name outside a run."""
+        path = Path(self.checkpoint)
+        return path.parent.parent.name if path.parent.name == "checkpoints" else path.name
 
     @property
     def widest_beam(self) -> int:
@@ -59,7 +67,7 @@ class ServedModel:
         m, tokenizer = self.config.model, self.translator.tokenizer
         return {
             "name": self.name,
-            "checkpoint": self.checkpoint,
+            "label": self.label,
             "arch": m.arch,
             "title": f"{ARCH_NAMES.get(m.arch, m.arch)}: {attention_label(m)}",
             "attention": attention_label(m),
@@ -72,39 +80,36 @@ class ServedModel:
             "steps": self.steps,
         }
 
-    def searcher(self, beam: int, nbest: int) -> Translator:
-        """A Translator with this beam and n-best size (the server's other decode settings), sharing the model."""
-        t = self.translator
-        return Translator(
-            t.model, t.tokenizer, replace(t.decode, beam=beam, nbest=nbest), t.device, warn=lambda message: None
-        )
-
-    def source_warnings(self, lines: list[str]) -> list[str]:
-        """The warnings for sources cut to decode.max_src_len, naming the line (counted from 1) of `lines`."""
+    def encode(self, lines: list[str]) -> tuple[list[list[int]], list[str]]:
+        """Source ids per line (cut to decode.max_src_len), and a warning for each cut line, naming it (from 1)."""
         found: list[str] = []
         t = self.translator
-        Translator(t.model, t.tokenizer, t.decode, t.device, warn=found.append).encode(lines)
-        return [message.removeprefix("warning: ") for message in found]
+        ids = Translator(t.model, t.tokenizer, t.decode, t.device, warn=found.append).encode(lines)
+        return ids, [message.removeprefix("warning: ") for message in found]
 
-    def results(self, translator: Translator, translations: list[Translation], attention: bool) -> list[dict[str, Any]]:
-        """One JSON-ready result per line: best text and score, the n-best list, and optionally the attention.
+    def results(
+        self, src_ids: list[list[int]], hyps: list[list[Hypothesis]], attention: frozenset[int]
+    ) -> list[dict[str, Any]]:
+        """One JSON-ready result per line: best text and score, the n-best list, and for the lines in `attention`
+        the attention.
 
         `score` is the length-normalised log-probability that ranks hypotheses, `log_prob` the plain sum
         (both rounded to 4 decimals, as nmt-translate prints them); attention weights are rounded to 4 too.
         """
-        texts = iter(translator.detokenize([h for r in translations for h in r.hyps]))
+        tokenizer = self.translator.tokenizer
+        texts = iter(tokenizer.decode_tgt([h.tokens for found in hyps for h in found]))
         out = []
-        for r in translations:
+        for i, (src, found) in enumerate(zip(src_ids, hyps)):
             nbest = [
-                {"text": next(texts), "score": round(h.norm_score, 4), "log_prob": round(h.score, 4)} for h in r.hyps
+                {"text": next(texts), "score": round(h.norm_score, 4), "log_prob": round(h.score, 4)} for h in found
             ]
             result = {
                 "text": nbest[0]["text"] if nbest else "",
                 "score": nbest[0]["score"] if nbest else None,
                 "nbest": nbest,
             }
-            if attention:
-                record = attention_record(0, r, translator.tokenizer)
+            if i in attention:
+                record = attention_record(0, Translation(src, found), tokenizer)
                 weights = np.round(record.attention.astype(np.float64), 4).tolist()
                 result["attention"] = {"src": record.src, "tgt": record.tgt, "weights": weights}
             out.append(result)
@@ -116,6 +121,7 @@ def load_model(name: str, checkpoint: str, decode: DecodeConfig, device: torch.d
     from nmt.api import load_model as load
 
     loaded = load(checkpoint, decode.precision, device)  # the API's one loading path: decode.precision as everywhere
+    loaded.model.eval()  # the lanes' threads share it: nothing may switch it to training and back
     return ServedModel(
         name, Translator(loaded.model, loaded.tokenizer, decode, device), loaded.config, loaded.step, loaded.path
     )

@@ -2,15 +2,18 @@
 
     {"text": ["line", ...], "beam": 5, "nbest": 1, "attention": false, "model": "a"}
 
-Only `text` is required; beam and nbest default to the server's decode settings, model to "a". Each
+Only `text` is required; beam and nbest default to the server's decode settings, model to "a"; attention is
+true, false, or the list of line numbers (from 0) that want it (a page asks only for the lines it draws). Each
 mistake is a `RequestError` with an HTTP status and a one-line message that names the field: 400 for a
-body that is not a JSON object, 413 for too many lines or characters, 422 for a missing, unknown,
-wrong-typed or out-of-range field, or an unknown model.
+body that is not a JSON object (including JSON nested too deep or numbers too long to read) or text that is not
+Unicode (a lone surrogate such as "\\ud800"), 413 for too many lines or characters, 415 for a body not sent as
+application/json, 422 for a missing, unknown, wrong-typed or out-of-range field, or an unknown model.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,18 +49,50 @@ class TranslateRequest:
     lines: tuple[str, ...]
     beam: int
     nbest: int
-    attention: bool
+    attention: frozenset[int]  # the lines whose attention goes in the response
     model: str
+
+
+MAX_DEPTH = 32  # JSON nesting a valid request never comes near (it has depth 2)
+
+
+def nesting(body: bytes) -> int:
+    """The deepest [ / { nesting of a JSON text, brackets inside strings not counted (a cheap scan before parsing,
+    so that a body of 100,000 "[" is refused without recursing)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # "
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
     """The body as a JSON object (400 otherwise)."""
+    if nesting(body) > MAX_DEPTH:
+        raise RequestError(400, None, f"the body is JSON nested more than {MAX_DEPTH} deep; expected a flat object")
     try:
         value = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RequestError(
             400, None, f'the body is not valid JSON ({err}); expected an object such as {{"text": ["a sentence"]}}'
         ) from None
+    except (ValueError, RecursionError):  # e.g. an integer of more than 4,300 digits
+        raise RequestError(400, None, "the body holds a number too long to read; expected small integers") from None
     if not isinstance(value, dict):
         raise RequestError(
             400,
@@ -95,7 +130,34 @@ def text_lines(body: dict[str, Any], settings: ServeSettings) -> tuple[str, ...]
         raise RequestError(
             413, "text", f"text: {chars} characters; at most serve.max_chars={settings.max_chars} per request"
         )
+    for i, line in enumerate(lines):
+        if SURROGATE.search(line):
+            raise RequestError(
+                400, "text", f"text[{i}]: holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
+            )
     return tuple(lines)
+
+
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def attention_lines(body: dict[str, Any], count: int) -> frozenset[int]:
+    """body["attention"]: true (every line), false, or a list of line numbers from 0."""
+    value = body.get("attention", False)
+    if isinstance(value, bool):
+        return frozenset(range(count)) if value else frozenset()
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        wrong = [i for i in value if not 0 <= i < count]
+        if not wrong:
+            return frozenset(value)
+        raise RequestError(
+            422, "attention", f"attention: line {wrong[0]} is not a line of text (expected 0 to {count - 1})"
+        )
+    raise RequestError(
+        422,
+        "attention",
+        f"attention={json.dumps(value)[:80]}: expected true, false or a list of line numbers (from 0)",
+    )
 
 
 def parse_request(
@@ -114,7 +176,12 @@ def parse_request(
         fields, "beam", min(default_beam, beams[model]), 1, beams[model], f"the widest beam model {model} accepts"
     )
     nbest = integer(fields, "nbest", min(default_nbest, beam), 1, beam, f"at most beam={beam}")
-    attention = fields.get("attention", False)
-    if not isinstance(attention, bool):
-        raise RequestError(422, "attention", f"attention={json.dumps(attention)}: expected true or false")
-    return TranslateRequest(lines, beam, nbest, attention, model)
+    return TranslateRequest(lines, beam, nbest, attention_lines(fields, len(lines)), model)
+
+
+def check_content_type(value: str | None) -> None:
+    """POST bodies must be declared application/json: a browser sends no such request across sites without asking
+    first (a CORS preflight this server never grants), so a page elsewhere cannot post to a server on loopback."""
+    kind = (value or "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise RequestError(415, "content-type", f"content-type: {value or 'missing'}; expected application/json")

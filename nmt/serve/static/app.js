@@ -1,5 +1,5 @@
 // nmt-serve page: plain JavaScript, no build step, nothing fetched but this server's API.
-// It reads GET /v1/models once, sends POST /v1/translate (attention: true) for each chosen model, and
+// It reads GET /v1/models once, sends POST /v1/translate (attention for the lines it draws) for each chosen model, and
 // draws per input line and model: the translation, the n-best list, the subword tokens and the attention
 // heat map (rows: target tokens, columns: source tokens, each row sums to 1). Hovering a target token
 // (or a cell) paints the source tokens by the weight it gives them; hovering a source token paints the
@@ -63,7 +63,7 @@ async function init() {
   MODELS = info.models;
   $("models").replaceChildren(...MODELS.map((m) => el("div", { class: "card model-card" },
     el("div", {}, el("span", { class: "badge", text: m.name }), el("span", { class: "title", text: m.title })),
-    el("div", { text: `${m.checkpoint} · ${modelLine(m)}` }))));
+    el("div", { text: `${m.label} · ${modelLine(m)}` }))));
   const select = $("model");
   if (MODELS.length > 1) select.append(el("option", { value: "*", text: MODELS.map((m) => m.name).join(" and ") + " side by side" }));
   for (const m of MODELS) select.append(el("option", { value: m.name, text: `${m.name}: ${m.title}` }));
@@ -86,6 +86,7 @@ async function translate(event) {
   const chosen = $("model").value;
   const names = chosen === "*" ? MODELS.map((m) => m.name) : [chosen];
   const beam = Number($("beam").value), nbest = Math.min(Number($("nbest").value), beam);
+  const drawn = lines.flatMap((line, i) => (line.trim() ? [i] : []));  // attention only for the lines drawn
   showError("");
   $("go").disabled = true;
   $("status").textContent = "translating…";
@@ -94,7 +95,7 @@ async function translate(event) {
     const replies = await Promise.all(names.map((model) => getJSON("/v1/translate", {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ text: lines, beam, nbest, attention: true, model }),
+      body: JSON.stringify({ text: lines, beam, nbest, attention: drawn, model }),
     })));
     render(lines, replies);
     $("status").textContent = `${Math.round(performance.now() - started)} ms · ${replies[0].decode}`;
