@@ -108,6 +108,7 @@ class Result:
     tokens: list[list[str]]  # each hypothesis's target subwords
     source_tokens: list[str]  # the source subwords as translated (cut to decode.max_src_len), then </s>
     attention: list[np.ndarray] | None = None  # per hypothesis (output steps incl. EOS, source tokens incl. </s>)
+    alignments: list[list[tuple[int, int]]] | None = None  # per hypothesis, word links (source i, target j) from 0
 
     @property
     def text(self) -> str:
@@ -183,38 +184,72 @@ class Model:
         beam: int | None = None,
         nbest: int | None = None,
         return_attention: bool = False,
+        prefix: str | Sequence[str | None] | None = None,
+        return_alignments: bool = False,
+        align_method: str = "argmax",
+        align_threshold: float = 0.5,
+        align_layer: int | None = None,
+        align_head: int | None = None,
         rich: bool | None = None,
         **decode: Any,
     ) -> Any:
         """Translate one string or a list of lines; every line gets a result, in order (a blank line gets "").
 
-        Returns the best translation per line (a string for a string), or with `nbest` > 1 or `return_attention` (or
-        rich=True) a `Result` per line. Other keyword arguments are decoding settings (alpha, max_len_a, sampling, ...).
+        Returns the best translation per line (a string for a string), or with `nbest` > 1, `return_attention` or
+        `return_alignments` (or rich=True) a `Result` per line. `prefix`: the target text every output starts with
+        (one string for all lines, or one per line, None for none). `return_alignments`: word links per hypothesis
+        from the attention (`align_*`: see nmt.alignments). Other keyword arguments are decoding settings (alpha,
+        max_len_a, sampling, no_repeat_ngram_size, repetition_penalty, ...).
         """
         single = isinstance(lines, str)
         batch = [lines] if single else list(lines)
         for k, line in enumerate(batch):
             if not isinstance(line, str):
                 raise NmtError(f"lines[{k}]: expected a string, got {type(line).__name__}")
+        prefixes = self._prefixes(prefix, len(batch))
         settings = self.settings(beam=beam, nbest=nbest, **decode)
         translator = self._translator(settings)
+        aligner = None
+        if return_alignments:
+            from nmt.alignments import Aligner
+
+            aligner = Aligner(
+                self.loaded.model, self.tokenizer, self.device, align_method, align_threshold, align_layer, align_head
+            )
         with torch.inference_mode():
-            translations = translator.translate_lines([" ".join(line.split()) for line in batch])
-        want_rich = rich if rich is not None else (settings.nbest > 1 or return_attention)
+            translations = translator.translate_lines([" ".join(line.split()) for line in batch], prefixes=prefixes)
+        want_rich = rich if rich is not None else (settings.nbest > 1 or return_attention or return_alignments)
         if not want_rich:
             best = translator.tokenizer.decode_tgt([t.hyps[0].tokens if t.hyps else [] for t in translations])
             texts = [text if t.hyps else "" for text, t in zip(best, translations)]
             return texts[0] if single else texts
-        results = [self._result(line, t, translator, return_attention) for line, t in zip(batch, translations)]
+        results = [self._result(line, t, translator, return_attention, aligner) for line, t in zip(batch, translations)]
         return results[0] if single else results
 
-    def _result(self, line: str, translation: Translation, translator: Translator, attention: bool) -> Result:
+    @staticmethod
+    def _prefixes(prefix: str | Sequence[str | None] | None, count: int) -> list[str | None] | None:
+        if prefix is None:
+            return None
+        if isinstance(prefix, str):
+            return [prefix] * count
+        prefixes = list(prefix)
+        if len(prefixes) != count:
+            raise NmtError(f"prefix: {len(prefixes)} prefixes for {count} lines; expected one per line (or one string)")
+        for k, p in enumerate(prefixes):
+            if p is not None and not isinstance(p, str):
+                raise NmtError(f"prefix[{k}]: expected a string or None, got {type(p).__name__}")
+        return prefixes
+
+    def _result(
+        self, line: str, translation: Translation, translator: Translator, attention: bool, aligner: Any = None
+    ) -> Result:
         tok = self.tokenizer
         texts = translator.detokenize(translation.hyps) if translation.hyps else []
         pieces = [[tok.tgt.id_to_piece(i) for i in h.tokens] for h in translation.hyps]
         source = [tok.src.id_to_piece(i) for i in translation.src_ids] + ["</s>"] if translation.hyps else []
         maps = [h.attention.float().numpy() for h in translation.hyps] if attention else None
-        return Result(line, texts, [float(h.norm_score) for h in translation.hyps], pieces, source, maps)
+        links = [aligner.links(translation, k) for k in range(len(translation.hyps))] if aligner else None
+        return Result(line, texts, [float(h.norm_score) for h in translation.hyps], pieces, source, maps, links)
 
     def translate_file(
         self, src: PathLike, out: PathLike, *, batch_size: int = 64, beam: int | None = None, **decode: Any

@@ -238,6 +238,8 @@ class DecodeConfig:
         1.0, in_range(0, 1, high_open=False, low_open=True)
     )  # sampling: the smallest set of tokens whose probability reaches p
     seed: int = key(1, at_least(0))  # sampling: random seed
+    no_repeat_ngram_size: int = key(0, at_least(0))  # N > 0: no n-gram of N tokens twice in an output (0: off)
+    repetition_penalty: float = key(1.0, positive())  # > 1: tokens already output are less likely (1: off)
     max_src_len: int = key(1024, at_least(1))  # longer sources are cut to this many subword tokens, with a warning
     batch_size: int = key(64, at_least(1))  # sentences per batch
     batch_tokens: int = key(32768, at_least(1))  # and at most this many beam rows x padded source tokens per batch
@@ -283,6 +285,19 @@ class Config:
 
 
 @dataclass
+class AlignConfig:
+    """Word alignments from the attention (nmt/alignments.py): alignments_out=FILE, the API and the server."""
+
+    method: str = key("argmax", one_of("argmax", "threshold"))  # each target word's likeliest source word, or all
+    threshold: float = key(0.5, in_range(0, 1, high_open=False, low_open=True))  # method=threshold: least weight
+    layer: Optional[int] = None  # a Transformer's decoder layer (0 first, -1 last); None: the search's attention
+    head: Optional[int] = key(None, at_least(0))  # a Transformer's head in that layer; None: the mean over heads
+
+    def __post_init__(self) -> None:
+        check_fields(self, "align.")
+
+
+@dataclass
 class TranslateConfig:
     """nmt-translate: a checkpoint, an input and an output (stdin/stdout by default)."""
 
@@ -293,6 +308,9 @@ class TranslateConfig:
         10000, at_least(1)
     )  # lines read, translated and written at a time (sorted by length inside a chunk)
     attention_out: Optional[str] = None  # write each line's attention matrix: FILE.npz, else JSON lines
+    alignments_out: Optional[str] = None  # write each line's word alignment, Pharaoh `i-j` links (see align.*)
+    align: AlignConfig = field(default_factory=AlignConfig)
+    input_format: str = key("text", one_of("text", "jsonl"))  # jsonl: {"text": ..., "prefix": ...} per line
     plot_dir: Optional[str] = None  # write attention heat-maps (PNG) of the first plot_n sentences here
     plot_n: int = key(10, at_least(0))
     decode: DecodeConfig = field(default_factory=DecodeConfig)

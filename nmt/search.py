@@ -11,6 +11,15 @@ are ranked by the normalised score, score / lp(Y), with the GNMT length penalty 
 alpha = 0 ranks by the plain sum. An output has at most max_len[b] steps (see `max_lengths`); EOS is
 forbidden before min_len tokens.
 
+Every search but sampling takes a target **prefix** (B, P) (the same length P for the batch's sentences): BOS and
+the prefix go through the decoder in one teacher-forced pass (`prefill`), and the search continues from there. The
+outputs start with the prefix; their scores, lengths and attention count the prefix's steps, so a hypothesis scores
+as the same tokens do under teacher forcing. **Repetition control**, for greedy, beam and sampling alike:
+`no_repeat` N > 0 forbids any token that would repeat an n-gram of N tokens already in the row's output (prefix
+included); `repetition_penalty` p != 1 divides the logits of tokens already in the row's output by p where
+positive and multiplies them by p where negative (Keskar et al. 2019). With either, scores are those of the
+adjusted distribution.
+
 Shape legend: B batch, S source length, T output steps so far, V vocab, K beam, N samples per sentence.
 """
 
@@ -66,6 +75,103 @@ def _hypothesis(tokens: list[int], score: float, attention: torch.Tensor, alpha:
     return Hypothesis(tokens, score, score / length_penalty(steps, alpha), attention)
 
 
+@dataclass
+class Repetition:
+    """Repetition control (see the module's docstring); the default does nothing."""
+
+    no_repeat: int = 0
+    penalty: float = 1.0
+
+    @property
+    def active(self) -> bool:
+        return self.no_repeat > 0 or self.penalty != 1.0
+
+    def logits(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """(R, V) logits with the repetition penalty applied to the tokens of each row's history (R, L)."""
+        if self.penalty == 1.0 or history.size(1) == 0:
+            return logits
+        seen = logits.gather(1, history)
+        return logits.scatter(1, history, torch.where(seen > 0, seen / self.penalty, seen * self.penalty))
+
+    def ban(self, logp: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """(R, V) log-probs with -inf for each token that would end an n-gram already in the row's history."""
+        n, length = self.no_repeat, history.size(1)
+        if n <= 0 or length < n:  # no n-gram out yet
+            return logp
+        if n == 1:
+            return logp.scatter(1, history, float("-inf"))
+        grams = history.unfold(1, n, 1)  # (R, L - n + 1, n)
+        match = (grams[:, :, :-1] == history[:, length - n + 1 :][:, None, :]).all(2)  # (R, L - n + 1)
+        rows, at = match.nonzero(as_tuple=True)
+        logp[rows, grams[rows, at, -1]] = float("-inf")
+        return logp
+
+
+NO_REPETITION = Repetition()
+
+
+def scores_of(logits: torch.Tensor, step: int, min_len: int, history: torch.Tensor, repetition: Repetition):
+    """The log-probs a search ranks by: `log_probs`, after repetition control when it is on."""
+    if not repetition.active:
+        return log_probs(logits, step, min_len)
+    return repetition.ban(log_probs(repetition.logits(logits, history), step, min_len), history)
+
+
+def prefill(model, tokens: torch.Tensor, enc: dict, state: dict):
+    """Teacher-force `tokens` (B, P) through the decoder: logits (B, P, V), the state after them, attention (B, P, S).
+    One pass where the decoder has one (`decoder.prefill`: the Transformer's), else a step per token (the RNNs and
+    ensembles, whose steps are sequential by nature)."""
+    decoder = getattr(model, "decoder", None)
+    if decoder is not None and hasattr(decoder, "prefill"):
+        return decoder.prefill(tokens, enc, state)
+    out, attn = [], []
+    for i in range(tokens.size(1)):
+        logits, state, weights = model.step(tokens[:, i], enc, state)
+        out.append(logits)
+        attn.append(weights)
+    return torch.stack(out, 1), state, torch.stack(attn, 1)
+
+
+@dataclass
+class Prefilled:
+    """A batch's prefix after `start`: what the search's first step reads, and what each output starts with."""
+
+    logits: torch.Tensor  # (B, V) the first free step's logits
+    attn: torch.Tensor  # (B, S) and attention
+    score: torch.Tensor  # (B,) the prefix's log-probability
+    tokens: list[list[int]]  # per sentence, the prefix
+    attention: torch.Tensor  # (B, P, S) the prefix steps' attention
+
+    @property
+    def length(self) -> int:
+        return self.attention.size(1)
+
+
+def start(model, enc: dict, state: dict, prefix: torch.Tensor | None, min_len: int, repetition: Repetition):
+    """The state after BOS + prefix, and the Prefilled record (None without a prefix: the search starts at BOS)."""
+    if prefix is None or prefix.size(1) == 0:
+        return state, None
+    bos = prefix.new_full((prefix.size(0), 1), BOS)
+    logits, state, attn = prefill(model, torch.cat([bos, prefix], 1), enc, state)  # (B, P + 1, *)
+    length = prefix.size(1)
+    score = torch.zeros(prefix.size(0), device=prefix.device)
+    for i in range(length):
+        logp = scores_of(logits[:, i], i, min_len, prefix[:, :i], repetition)
+        score += logp.gather(1, prefix[:, i : i + 1]).squeeze(1)
+    return state, Prefilled(logits[:, length], attn[:, length], score, prefix.tolist(), attn[:, :length].float())
+
+
+def with_prefix(hyps: list[Hypothesis], pre: Prefilled, b: int, alpha: float) -> list[Hypothesis]:
+    """Sentence b's hypotheses of the free steps, made whole: the prefix's tokens, score, steps and attention first."""
+    out = []
+    for h in hyps:
+        steps = pre.length + h.attention.size(0)
+        score = h.score  # already counts the prefix (the search started from its score)
+        attention = torch.cat([pre.attention[b, :, : h.attention.size(1)].cpu(), h.attention], 0)
+        out.append(Hypothesis(pre.tokens[b] + h.tokens, score, score / length_penalty(steps, alpha), attention))
+    return out
+
+
 # --- one path per row: greedy and sampling -----------------------------------------------------
 
 Chooser = Callable[[torch.Tensor], torch.Tensor]  # log-probs (B, V) -> next tokens (B,)
@@ -80,20 +186,31 @@ def _one_path(
     choose: Chooser,
     min_len: int,
     alpha: float,
+    prefix: torch.Tensor | None = None,
+    repetition: Repetition = NO_REPETITION,
 ) -> list[Hypothesis]:
     """Follow one token per step in every row; a row leaves the batch when it emits EOS or hits max_len."""
     enc = model.encode(src, src_mask)
-    state = model.init_state(enc)
+    state, pre = start(model, enc, model.init_state(enc), prefix, min_len, repetition)
+    offset = pre.length if pre else 0
+    max_len = (max_len - offset).clamp(min=1)
     batch, steps = src.size(0), int(max_len.max())
     active = torch.arange(batch, device=src.device)  # original row of each live row
     prev = torch.full((batch,), BOS, dtype=torch.long, device=src.device)
     out = torch.full((batch, steps), EOS, dtype=torch.long, device=src.device)  # (B, T)
-    scores = torch.zeros(batch, device=src.device)
+    scores = pre.score.clone() if pre else torch.zeros(batch, device=src.device)
     attn_out = torch.zeros(batch, steps, src.size(1), device=src.device)  # (B, T, S)
     lengths = torch.full((batch,), steps, dtype=torch.long, device=src.device)
+    history = prefix if pre else src.new_zeros(batch, 0)
     for t in range(steps):
-        logits, state, attn = model.step(prev, enc, state)  # (B, V), state, (B, S)
-        logp = log_probs(logits, t, min_len)
+        if t == 0 and pre is not None:
+            logits, attn = pre.logits, pre.attn
+        else:
+            logits, state, attn = model.step(prev, enc, state)  # (B, V), state, (B, S)
+        if repetition.active:
+            logp = scores_of(logits, t + offset, min_len, torch.cat([history[active], out[active, :t]], 1), repetition)
+        else:
+            logp = log_probs(logits, t + offset, min_len)
         prev = choose(logp)
         out[active, t], attn_out[active, t] = prev, attn.float()
         scores[active] += logp.gather(1, prev[:, None]).squeeze(1)
@@ -112,10 +229,11 @@ def _one_path(
         scores.tolist(),
         attn_out.cpu(),
     )
-    return [
+    hyps = [
         _hypothesis(out[b][: lengths[b]], scores[b], attn_out[b, : lengths[b], : src_lens[b]].clone(), alpha)
         for b in range(batch)
     ]
+    return [with_prefix([h], pre, b, alpha)[0] for b, h in enumerate(hyps)] if pre else hyps
 
 
 def greedy_search(
@@ -125,9 +243,11 @@ def greedy_search(
     max_len: torch.Tensor,
     min_len: int = 0,
     alpha: float = 0.0,
+    prefix: torch.Tensor | None = None,
+    repetition: Repetition = NO_REPETITION,
 ) -> list[Hypothesis]:
     """The most probable token at each step; one hypothesis per sentence (alpha only sets norm_score)."""
-    return _one_path(model, src, src_mask, max_len, lambda logp: logp.argmax(-1), min_len, alpha)
+    return _one_path(model, src, src_mask, max_len, lambda logp: logp.argmax(-1), min_len, alpha, prefix, repetition)
 
 
 def filter_logits(logp: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -156,6 +276,7 @@ def sample_search(
     generator: torch.Generator | None = None,
     min_len: int = 0,
     alpha: float = 0.0,
+    repetition: Repetition = NO_REPETITION,
 ) -> list[list[Hypothesis]]:
     """n samples per sentence, best normalised score first; scores are the model's own log-probabilities."""
 
@@ -164,7 +285,7 @@ def sample_search(
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     tile = torch.arange(src.size(0), device=src.device).repeat_interleave(n)  # (B*N,)
-    hyps = _one_path(model, src[tile], src_mask[tile], max_len[tile], draw, min_len, alpha)
+    hyps = _one_path(model, src[tile], src_mask[tile], max_len[tile], draw, min_len, alpha, repetition=repetition)
     return [sorted(hyps[b * n : (b + 1) * n], key=lambda h: -h.norm_score) for b in range(src.size(0))]
 
 
@@ -201,13 +322,24 @@ class _Beams:
     the step before that it extends (a back-pointer); finished hypotheses are traced back once, in `best`.
     """
 
-    def __init__(self, src_mask: torch.Tensor, max_len: torch.Tensor, k: int, alpha: float):
+    def __init__(
+        self,
+        src_mask: torch.Tensor,
+        max_len: torch.Tensor,
+        k: int,
+        alpha: float,
+        base: torch.Tensor | None = None,
+        offset: int = 0,
+    ):
+        """base (B,): each sentence's starting score (a prefix's); offset: steps before the first (the prefix's)."""
         batch, device = src_mask.size(0), src_mask.device
-        self.k, self.alpha = k, alpha
+        self.k, self.alpha, self.offset = k, alpha, offset
         self.sent = torch.arange(batch, device=device)  # (n,) original index of each live sentence
         self.max_len = max_len  # (n,)
         self.n_done = torch.zeros(batch, dtype=torch.long, device=device)  # (n,) finished hypotheses
-        self.scores = torch.zeros(batch, 1, device=device)  # (n, width) summed log-probs; width 1, then K
+        self.scores = (  # (n, width) summed log-probs; width 1, then K
+            torch.zeros(batch, 1, device=device) if base is None else base[:, None].clone()
+        )
         self.src_lens = src_mask.sum(1).tolist()
         self.attn: list[torch.Tensor] = []  # per step t: (rows_t, S) the attention of step t's rows
         self.back: list[torch.Tensor] = []  # per step t: (rows_t+1,) the row of step t each next row extends
@@ -288,7 +420,7 @@ class _Beams:
         t_end = torch.cat([torch.full_like(f[1], f[0]) for f in self.finished])
         row, last, score, sent = (torch.cat([f[i] for f in self.finished]) for i in range(1, 5))
         scores, steps, sents = score.tolist(), (t_end + 1).tolist(), sent.tolist()
-        norms = [s / length_penalty(n, self.alpha) for s, n in zip(scores, steps)]
+        norms = [s / length_penalty(n + self.offset, self.alpha) for s, n in zip(scores, steps)]
         ranked: list[list[int]] = [[] for _ in self.src_lens]
         for i in sorted(range(len(norms)), key=lambda i: -norms[i]):  # stable: ties stay in finishing order
             if len(ranked[sents[i]]) < nbest:
@@ -318,6 +450,8 @@ def beam_search(
     alpha: float = 0.0,
     min_len: int = 0,
     nbest: int = 1,
+    prefix: torch.Tensor | None = None,
+    repetition: Repetition = NO_REPETITION,
 ) -> list[list[Hypothesis]]:
     """Beam search of width k for every sentence of the batch at once; nbest (<= k) hypotheses each.
 
@@ -325,18 +459,32 @@ def beam_search(
     sentence-major (rows b*k .. b*k+k-1 are sentence b's beams; the first step's single row per
     sentence is tiled by its reorder). After each step the state is reordered once, one index_select
     per tensor, to follow the surviving beams; sentences that are done leave the batch and the
-    encoder output. beam_search(k=1) equals greedy_search.
+    encoder output. beam_search(k=1) equals greedy_search. With repetition control each row's output so far
+    is kept too (reordered like the state); without, nothing is.
     """
     enc = model.encode(src, src_mask)
-    state = model.init_state(enc)
-    beams = _Beams(src_mask, max_len, k, alpha)
+    state, pre = start(model, enc, model.init_state(enc), prefix, min_len, repetition)
+    offset = pre.length if pre else 0
+    max_len = (max_len - offset).clamp(min=1) if pre else max_len
+    beams = _Beams(src_mask, max_len, k, alpha, pre.score if pre else None, offset)
     prev = torch.full((src.size(0),), BOS, dtype=torch.long, device=src.device)
+    history = (prefix if pre else src.new_zeros(src.size(0), 0)) if repetition.active else None
     for t in range(int(max_len.max())):
-        logits, state, attn = model.step(prev, enc, state)  # (n*width, V), state, (n*width, S)
-        rows, enc_rows, prev = beams.advance(log_probs(logits, t, min_len), attn, t)
+        if t == 0 and pre is not None:
+            logits, attn = pre.logits, pre.attn
+        else:
+            logits, state, attn = model.step(prev, enc, state)  # (n*width, V), state, (n*width, S)
+        if history is None:
+            logp = log_probs(logits, t + offset, min_len)
+        else:
+            logp = scores_of(logits, t + offset, min_len, history, repetition)
+        rows, enc_rows, prev = beams.advance(logp, attn, t)
         if rows.numel() == 0:
             break
         state = reorder(state, rows)
+        if history is not None:
+            history = torch.cat([history.index_select(0, rows), prev[:, None]], 1)
         if enc_rows is not None:
             enc = reorder(enc, enc_rows)
-    return beams.best(nbest)
+    found = beams.best(nbest)
+    return [with_prefix(hyps, pre, b, alpha) for b, hyps in enumerate(found)] if pre else found

@@ -18,7 +18,7 @@ from nmt.data.batching import make_batch
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.models.seq2seq import Seq2Seq
-from nmt.search import Hypothesis, beam_search, greedy_search, max_lengths, sample_search
+from nmt.search import Hypothesis, Repetition, beam_search, greedy_search, max_lengths, sample_search
 
 
 @dataclass
@@ -40,7 +40,15 @@ def decode_settings(decode: DecodeConfig) -> str:
     settings = f"{search} max_len={decode.max_len_a}*src+{decode.max_len_b}" + (
         f" min_len={decode.min_len}" if decode.min_len else ""
     )
+    if decode.no_repeat_ngram_size:
+        settings += f" no_repeat_ngram={decode.no_repeat_ngram_size}"
+    if decode.repetition_penalty != 1.0:
+        settings += f" repetition_penalty={decode.repetition_penalty}"
     return settings + (f" precision={decode.precision}" if decode.precision != "fp32" else "")
+
+
+def repetition(decode: DecodeConfig) -> Repetition:
+    return Repetition(decode.no_repeat_ngram_size, decode.repetition_penalty)
 
 
 def check_beam(decode: DecodeConfig, vocab_size: int) -> None:
@@ -84,12 +92,21 @@ class Translator:
             None  # a nmt.workers.SearchPool: batches are then searched in its processes (nmt-translate workers=N)
         )
 
-    def search(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
-        """Decode one batch of encoded sentences (in the given order); hypotheses best first."""
+    def search(self, src_ids: list[list[int]], prefix_ids: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+        """Decode one batch of encoded sentences (in the given order); hypotheses best first. prefix_ids: each
+        sentence's target prefix, all of one length (`batches` groups them so); every output starts with it."""
         d = self.decode
         batch = make_batch(src_ids).to(self.device)
         src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
+        rep = repetition(d)
+        prefix = None
+        if prefix_ids is not None and any(prefix_ids):
+            if len({len(p) for p in prefix_ids}) != 1:
+                raise ValueError("a batch's prefixes must have one length (Translator.batches groups them so)")
+            prefix = torch.tensor(prefix_ids, dtype=torch.long, device=self.device)
         if d.sampling:
+            if prefix is not None:
+                raise NmtError("a target prefix with decode.sampling=true: prefixes are for greedy and beam search")
             return sample_search(
                 self.model,
                 src,
@@ -102,10 +119,11 @@ class Translator:
                 self.generator,
                 d.min_len,
                 d.alpha,
+                rep,
             )
         if d.beam == 1:
-            return [[h] for h in greedy_search(self.model, src, mask, max_len, d.min_len, d.alpha)]
-        return beam_search(self.model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest)
+            return [[h] for h in greedy_search(self.model, src, mask, max_len, d.min_len, d.alpha, prefix, rep)]
+        return beam_search(self.model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest, prefix, rep)
 
     def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
         """Source ids per line, cut to decode.max_src_len with a warning naming the line
@@ -120,15 +138,25 @@ class Translator:
                 ids[i] = seq[:limit]
         return ids
 
-    def batches(self, ids: list[list[int]], rows: list[int]) -> Iterator[list[int]]:
+    def encode_prefixes(self, prefixes: list[str | None]) -> list[list[int]]:
+        """Target ids of each line's prefix ([] for none or an empty one)."""
+        texts = [p or "" for p in prefixes]
+        ids = self.tokenizer.encode_tgt(texts) if any(texts) else [[] for _ in texts]
+        return [seq if text.strip() else [] for seq, text in zip(ids, texts)]
+
+    def batches(
+        self, ids: list[list[int]], rows: list[int], prefix_ids: list[list[int]] | None = None
+    ) -> Iterator[list[int]]:
         """`rows` shortest first, in batches of at most batch_size sentences and batch_tokens beam rows x source
-        tokens."""
+        tokens; with prefixes, a batch's prefixes are all of one length (sorted by it first)."""
         width = self.decode.nbest if self.decode.sampling else self.decode.beam
+        plen = (lambda i: len(prefix_ids[i])) if prefix_ids else (lambda i: 0)
         batch: list[int] = []
-        for i in sorted(rows, key=lambda i: len(ids[i])):
+        for i in sorted(rows, key=lambda i: (plen(i), len(ids[i]))):
             if batch and (
                 len(batch) == self.decode.batch_size
                 or (len(batch) + 1) * (len(ids[i]) + 1) * width > self.decode.batch_tokens
+                or plen(i) != plen(batch[0])
             ):
                 yield batch
                 batch = []
@@ -137,18 +165,28 @@ class Translator:
             yield batch
 
     def translate_lines(
-        self, lines: list[str], first_line: int = 1, progress: Callable[[int], None] | None = None
+        self,
+        lines: list[str],
+        first_line: int = 1,
+        progress: Callable[[int], None] | None = None,
+        prefixes: list[str | None] | None = None,
     ) -> list[Translation]:
-        """One Translation per line, in input order; lines are searched shortest first."""
+        """One Translation per line, in input order; lines are searched shortest first. prefixes: per line, the
+        target text its output must start with (None or "" for none)."""
         ids = self.encode(lines, first_line)
+        prefix_ids = self.encode_prefixes(prefixes) if prefixes and any(prefixes) else None
         hyps: list[list[Hypothesis]] = [[] for _ in lines]
         report = progress or (lambda n: None)
         filled = [i for i, line in enumerate(lines) if line.strip()]
         report(len(lines) - len(filled))
-        batches = list(self.batches(ids, filled))
-        sources = ([ids[i] for i in batch] for batch in batches)
+        batches = list(self.batches(ids, filled, prefix_ids))
+        if prefix_ids:
+            work = [([ids[i] for i in batch], [prefix_ids[i] for i in batch]) for batch in batches]
+        else:
+            work = [([ids[i] for i in batch], None) for batch in batches]
         with eval_mode(self.model):
-            for batch, searched in zip(batches, self.pool.search(sources) if self.pool else map(self.search, sources)):
+            searched_all = self.pool.search(work) if self.pool else (self.search(*job) for job in work)
+            for batch, searched in zip(batches, searched_all):
                 for i, found in zip(batch, searched):
                     hyps[i] = found
                 report(len(batch))

@@ -43,11 +43,12 @@ def _start(checkpoint: str, decode: DecodeConfig, device: str, threads: int) -> 
         _failure = err
 
 
-def _search(src_ids: list[list[int]]) -> list[Packed]:
+def _search(job: tuple[list[list[int]], list[list[int]] | None]) -> list[Packed]:
+    """One batch: (source ids, target prefixes or None) -> each sentence's hypotheses."""
     if _failure is not None:
         raise _failure
     with torch.inference_mode():
-        found = _translator.search(src_ids)
+        found = _translator.search(*job)
     return [[(h.tokens, h.score, h.norm_score, h.attention.numpy()) for h in hyps] for hyps in found]
 
 
@@ -66,8 +67,11 @@ class SearchPool:
         context = multiprocessing.get_context("spawn")
         self.pool = context.Pool(workers, initializer=_start, initargs=(checkpoint, decode, device, threads))
 
-    def search(self, batches: Iterable[list[list[int]]]) -> Iterator[list[list[Hypothesis]]]:
-        """Each batch's hypotheses per sentence, in the order of `batches`; the workers take batches as they free up."""
+    def search(
+        self, batches: Iterable[tuple[list[list[int]], list[list[int]] | None]]
+    ) -> Iterator[list[list[Hypothesis]]]:
+        """Each batch's hypotheses per sentence, in the order of `batches` ((source ids, prefixes or None) each);
+        the workers take batches as they free up."""
         for packed in self.pool.imap(_search, batches):
             yield _unpack(packed)
 

@@ -48,7 +48,7 @@ def models(tmp_path_factory, toy_dir):
 def lines(toy_dir, models):
     sources = (toy_dir / "test.src").read_text().splitlines()
     long = " ".join(sources[:14])
-    ids, _ = models[0].encode([sources[0], long])
+    ids, _, _ = models[0].encode([sources[0], long])
     assert len(ids[0]) + 1 <= BASE.long_tokens < len(ids[1]) + 1  # a short line and a long one, by serve.long_tokens
     return {"short": sources[:6], "long": long}
 

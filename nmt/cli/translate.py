@@ -26,6 +26,8 @@ from nmt.translation import Translation, Translator, decode_settings
 USAGE = """
 usage: nmt-translate checkpoint=PATH[,PATH...] [input=FILE] [output=FILE] [decode=greedy|beam|sampling] [decode.KEY=VALUE ...]
                      [decode.precision=fp32|bf16|int8] [threads=N] [workers=N] [attention_out=FILE.jsonl|FILE.npz] [plot_dir=DIR plot_n=N] [chunk_size=N]
+                     [input_format=text|jsonl] [alignments_out=FILE] [align.method=argmax|threshold] [align.threshold=P] [align.layer=L] [align.head=H]
+                     [decode.no_repeat_ngram_size=N] [decode.repetition_penalty=P]
 
 Translate one sentence per line; reads stdin and writes stdout unless input/output are given.
 Every input line gives one output line (empty lines stay empty), in order; with decode.nbest=N > 1,
@@ -41,6 +43,11 @@ separated by commas: an ensemble, which averages the models' log-probabilities. 
   nmt-translate checkpoint=runs/a,runs/b input=test.src output=test.hyp           # an ensemble (same vocabulary)
   nmt-translate checkpoint=runs/quickstart decode.precision=int8 threads=2 input=test.src output=test.hyp
   nmt-translate checkpoint=runs/quickstart decode=beam workers=2 input=test.src output=test.hyp   # 2 processes x 1 thread
+  nmt-translate checkpoint=runs/quickstart input=test.jsonl input_format=jsonl      # {"text": "...", "prefix": "..."}
+  nmt-translate checkpoint=runs/quickstart input=test.src alignments_out=test.align align.layer=2 align.head=0
+  nmt-translate checkpoint=runs/quickstart decode=beam decode.no_repeat_ngram_size=3 input=test.src
+With input_format=jsonl each line is an object: "text" (required) and "prefix" (the output starts with it).
+alignments_out writes one line of Pharaoh links `i-j` (source word i, target word j, from 0) per input line.
 On a CPU, workers=N (one per core, each with threads=1) searches batches in N processes: faster than one
 process with N threads, with the same output. Sentences/s and output tokens/s are printed on stderr at the end.
 """  # noqa: E501 (--help prints this text verbatim; wrapping it would change the output)
@@ -134,11 +141,25 @@ def translate_stream(
     bar = stack.enter_context(
         tqdm(total=total, unit="line", file=sys.stderr, disable=None if cfg.input and cfg.progress else True)
     )
+    aligner = alignments = None
+    if cfg.alignments_out:
+        from nmt.alignments import Aligner
+
+        a = cfg.align
+        aligner = Aligner(
+            translator.model, translator.tokenizer, translator.device, a.method, a.threshold, a.layer, a.head
+        )
+        alignments = stack.enter_context(atomic_open(cfg.alignments_out, "w", key="alignments_out"))
     first = sentences = tokens = 0
     for chunk in chunks(lines, cfg.chunk_size):
-        results = translator.translate_lines(chunk, first_line=first + 1, progress=bar.update)
+        prefixes = None
+        if cfg.input_format == "jsonl":
+            chunk, prefixes = read_jsonl(chunk, cfg.input or "<stdin>", first + 1)
+        results = translator.translate_lines(chunk, first_line=first + 1, progress=bar.update, prefixes=prefixes)
         out.writelines(line + "\n" for line in output_lines(translator, results, first, cfg.decode.nbest))
         out.flush()
+        if alignments is not None:
+            alignments.writelines(aligner.pharaoh(r) + "\n" for r in results)
         for index, result in enumerate(results, first):
             record = attention_record(index, result, translator.tokenizer) if attention or plots else None
             if attention is not None:
@@ -153,13 +174,53 @@ def translate_stream(
     return sentences, tokens
 
 
+JSONL_FIELDS = ("text", "prefix")
+
+
+def read_jsonl(lines: list[str], path: str, first_line: int) -> tuple[list[str], list[str | None]]:
+    """input_format=jsonl: each line's "text" and "prefix" (a blank line is a blank text); a mistake names the line."""
+    import json
+
+    texts: list[str] = []
+    prefixes: list[str | None] = []
+    for number, line in enumerate(lines, first_line):
+        where = f"{path}:{number}"
+        if not line.strip():
+            texts.append("")
+            prefixes.append(None)
+            continue
+        try:
+            value = json.loads(line)
+        except (json.JSONDecodeError, ValueError, RecursionError):
+            raise NmtError(f'{where}: not a JSON object; expected {{"text": "...", "prefix": "..."}}') from None
+        if not isinstance(value, dict):
+            raise NmtError(f'{where}: a JSON {type(value).__name__}; expected an object {{"text": "..."}}')
+        unknown = [k for k in value if k not in JSONL_FIELDS]
+        if unknown:
+            hint = " (lexical constraints are not supported yet)" if "constraints" in unknown else ""
+            raise NmtError(f"{where}: unknown field {unknown[0]!r}{hint}; expected {', '.join(JSONL_FIELDS)}")
+        text, prefix = value.get("text"), value.get("prefix")
+        if not isinstance(text, str):
+            raise NmtError(f'{where}: "text" {"missing" if text is None else "is not a string"}; expected a string')
+        if prefix is not None and not isinstance(prefix, str):
+            raise NmtError(f'{where}: "prefix" is not a string; expected a string or no "prefix"')
+        texts.append(text.replace("\n", " "))
+        prefixes.append(prefix)
+    return texts, prefixes
+
+
 def main(argv: list[str]) -> int | None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
     cfg = compose("translate", checkpoint_list(argv))
     check_outputs(
         {"checkpoint": checkpoint_files(cfg.checkpoint), "input": cfg.input},
-        {"output": cfg.output, "attention_out": cfg.attention_out, "plot_dir": cfg.plot_dir},
+        {
+            "output": cfg.output,
+            "attention_out": cfg.attention_out,
+            "alignments_out": cfg.alignments_out,
+            "plot_dir": cfg.plot_dir,
+        },
         folders=("plot_dir",),
     )
     threads = cfg.threads or (1 if cfg.workers > 1 else None)

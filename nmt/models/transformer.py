@@ -193,19 +193,26 @@ class DecoderLayer(nn.Module):
         src_mask: torch.Tensor,
         need_weights: bool,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
-        """One position per row: x (R, 1, H) after the cached keys/values (R, N, t, D) of the row's earlier positions.
+        """P positions per row (1 in search; a prefix's in prefill): x (R, P, H) after the cached keys/values
+        (R, N, t, D) of the row's earlier positions, each position seeing the cache and the new ones up to itself.
 
         cross_kv (B, N, S, D) and src_mask (B, 1, 1, S) hold one copy per sentence for its R // B rows.
-        Returns the output (R, 1, H), the cache extended by this position (R, N, t + 1, D), and the cross
-        weights (B, N, R // B, S) or None.
+        Returns the output (R, P, H), the cache extended by these positions (R, N, t + P, D), and the cross
+        weights (B, N, R // B * P, S) or None.
         """
         new_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        t, positions = cache[0].size(2), x.size(1)
+        causal = (
+            None
+            if positions == 1
+            else torch.ones(positions, t + positions, dtype=torch.bool, device=x.device).tril(diagonal=t)
+        )
 
         def self_block(h: torch.Tensor) -> torch.Tensor:
-            k, v = self.self_attn.keys_values(h)  # (R, N, 1, D)
+            k, v = self.self_attn.keys_values(h)  # (R, N, P, D)
             k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
             new_cache.append((k, v))
-            return self.self_attn.attend(h, k, v, need_weights=True)[
+            return self.self_attn.attend(h, k, v, mask=causal, need_weights=True)[
                 0
             ]  # a few queries per row: explicit products beat SDPA's kernel
 
@@ -323,8 +330,15 @@ class TransformerDecoder(nn.Module):
     def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
         """One token per row: prev (R,) -> logits (R, V), new state, attention (R, S);
         R // B rows per sentence of enc."""
+        logits, state, attn = self.prefill(prev[:, None], enc, state)
+        return logits[:, 0], state, attn[:, 0]
+
+    def prefill(self, tokens: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
+        """P tokens per row in one pass (a target prefix; P = 1 is `step`): tokens (R, P) -> logits (R, P, V), the
+        state after them, attention (R, P, S) (last layer, mean over heads), as teacher forcing computes them."""
         t = state["self_k0"].size(2)
-        x = self.embed(prev[:, None], offset=t)  # (R, 1, H)
+        rows, positions = tokens.shape
+        x = self.embed(tokens, offset=t)  # (R, P, H)
         src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
         new_state: State = {}
         weights = None
@@ -334,12 +348,9 @@ class TransformerDecoder(nn.Module):
             x, (new_state[f"self_k{i}"], new_state[f"self_v{i}"]), weights = layer.step(
                 x, cache, cross, src_mask, i == len(self.layers) - 1
             )
-        logits = self.output(self.final_norm(x[:, 0]))  # (R, V)
-        return (
-            logits,
-            new_state,
-            weights.mean(1).reshape(prev.size(0), -1),
-        )  # last layer, mean over heads: (B, N, G, S) -> (R, S)
+        logits = self.output(self.final_norm(x))  # (R, P, V)
+        # last layer, mean over heads: (B, N, G * P, S) -> (R, P, S)
+        return logits, new_state, weights.mean(1).reshape(rows, positions, -1)
 
 
 def build_transformer(

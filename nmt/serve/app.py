@@ -216,13 +216,15 @@ def create_app(
         except RequestError as err:
             return JSONResponse(err.body(), status_code=err.status)
         model = by_name[job.model]
-        ids, warnings = await run_in_threadpool(model.encode, list(job.lines))
+        ids, prefix_ids, warnings = await run_in_threadpool(model.encode, list(job.lines), job.prefixes)
         filled = [i for i, line in enumerate(job.lines) if line.strip()]
         request.scope["nmt.log"] = {"model": job.model, "lines": len(job.lines), "beam": job.beam}
         width = job.beam
         try:
             ticket = scheduler.submit(
-                (job.model, job.beam, job.nbest), [ids[i] for i in filled], [(len(ids[i]) + 1) * width for i in filled]
+                (job.model, job.beam, job.nbest),
+                [(ids[i], prefix_ids[i]) for i in filled],
+                [(len(ids[i]) + 1) * width for i in filled],
             )
         except Overloaded as err:
             return error_json(503, None, str(err), {"Retry-After": str(err.retry_after)})
@@ -256,7 +258,7 @@ def create_app(
 
         def respond() -> bytes:
             payload = {
-                "translations": model.results(ids, hyps, job.attention),
+                "translations": model.results(ids, hyps, job.attention, job.alignments),
                 "model": model.info,
                 "decode": decode_settings(replace(decode, beam=job.beam, nbest=job.nbest)),
                 "warnings": warnings,

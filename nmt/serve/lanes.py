@@ -1,6 +1,7 @@
 """Where the server's searches run: threads of the server process, or worker processes (serve.workers=N).
 
-Both take (lane, (model, beam, nbest), batch of source ids, cancel event) and return each sentence's hypotheses.
+Both take (lane, (model, beam, nbest), batch of (source ids, prefix ids), cancel event) and return each sentence's
+hypotheses.
 A search stops at its next decoding step once its cancel event is set: the model is wrapped so that its `step`
 checks the event first and raises `Cancelled`, which needs nothing from the search itself (greedy and beam alike).
 
@@ -41,8 +42,11 @@ class Stoppable:
         return getattr(self._model, name)
 
 
-def search(translator: Translator, beam: int, nbest: int, src_ids: list[list[int]], stop: Callable[[], bool]):
-    """The hypotheses of each sentence of `src_ids` (in order), in the translator's batches of decode.batch_tokens."""
+def search(translator: Translator, beam: int, nbest: int, payloads: list[Any], stop: Callable[[], bool]):
+    """The hypotheses of each (source ids, prefix ids) of `payloads` (in order), in the translator's batches of
+    decode.batch_tokens (and of one prefix length)."""
+    src_ids = [p[0] for p in payloads]
+    prefix_ids = [p[1] for p in payloads] if any(p[1] for p in payloads) else None
     t = Translator(
         Stoppable(translator.model, stop),
         translator.tokenizer,
@@ -52,8 +56,9 @@ def search(translator: Translator, beam: int, nbest: int, src_ids: list[list[int
     )
     found: list[list[Hypothesis]] = [[] for _ in src_ids]
     with torch.inference_mode():
-        for batch in t.batches(src_ids, list(range(len(src_ids)))):
-            for i, hyps in zip(batch, t.search([src_ids[i] for i in batch])):
+        for batch in t.batches(src_ids, list(range(len(src_ids))), prefix_ids):
+            prefixes = [prefix_ids[i] for i in batch] if prefix_ids else None
+            for i, hyps in zip(batch, t.search([src_ids[i] for i in batch], prefixes)):
                 found[i] = hyps
     return found
 

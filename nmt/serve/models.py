@@ -80,15 +80,29 @@ class ServedModel:
             "steps": self.steps,
         }
 
-    def encode(self, lines: list[str]) -> tuple[list[list[int]], list[str]]:
-        """Source ids per line (cut to decode.max_src_len), and a warning for each cut line, naming it (from 1)."""
+    def encode(
+        self, lines: list[str], prefixes: list[str | None] | None = None
+    ) -> tuple[list[list[int]], list[list[int]], list[str]]:
+        """Source ids per line (cut to decode.max_src_len), target prefix ids per line ([] for none), and a warning
+        for each cut line, naming it (from 1)."""
         found: list[str] = []
         t = self.translator
         ids = Translator(t.model, t.tokenizer, t.decode, t.device, warn=found.append).encode(lines)
-        return ids, [message.removeprefix("warning: ") for message in found]
+        prefix_ids = t.encode_prefixes(list(prefixes)) if prefixes else [[] for _ in lines]
+        return ids, prefix_ids, [message.removeprefix("warning: ") for message in found]
+
+    @cached_property
+    def aligner(self):
+        from nmt.alignments import Aligner
+
+        return Aligner(self.translator.model, self.translator.tokenizer, self.translator.device)
 
     def results(
-        self, src_ids: list[list[int]], hyps: list[list[Hypothesis]], attention: frozenset[int]
+        self,
+        src_ids: list[list[int]],
+        hyps: list[list[Hypothesis]],
+        attention: frozenset[int],
+        alignments: bool = False,
     ) -> list[dict[str, Any]]:
         """One JSON-ready result per line: best text and score, the n-best list, and for the lines in `attention`
         the attention.
@@ -108,6 +122,8 @@ class ServedModel:
                 "score": nbest[0]["score"] if nbest else None,
                 "nbest": nbest,
             }
+            if alignments:
+                result["alignment"] = self.aligner.pharaoh(Translation(src, found))
             if i in attention:
                 record = attention_record(0, Translation(src, found), tokenizer)
                 weights = np.round(record.attention.astype(np.float64), 4).tolist()

@@ -1,9 +1,12 @@
 """The body of POST /v1/translate, checked field by field before anything is queued.
 
-    {"text": ["line", ...], "beam": 5, "nbest": 1, "attention": false, "model": "a"}
+    {"text": ["line", ...], "beam": 5, "nbest": 1, "attention": false, "model": "a",
+     "prefix": ["...", ...], "alignments": false}
 
 Only `text` is required; beam and nbest default to the server's decode settings, model to "a"; attention is
-true, false, or the list of line numbers (from 0) that want it (a page asks only for the lines it draws). Each
+true, false, or the list of line numbers (from 0) that want it (a page asks only for the lines it draws); prefix is
+one string for every line or a list with one string (or null) per line, the target text each output starts with;
+alignments asks for each line's word alignment (Pharaoh `i-j` links, nmt.alignments). Each
 mistake is a `RequestError` with an HTTP status and a one-line message that names the field: 400 for a
 body that is not a JSON object (including JSON nested too deep or numbers too long to read) or text that is not
 Unicode (a lone surrogate such as "\\ud800"), 413 for too many lines or characters, 415 for a body not sent as
@@ -19,7 +22,7 @@ from typing import Any
 
 from nmt.config import ServeSettings
 
-FIELDS = ("text", "beam", "nbest", "attention", "model")
+FIELDS = ("text", "beam", "nbest", "attention", "model", "prefix", "alignments")
 JSON_TYPES = {
     dict: "object",
     list: "array",
@@ -51,6 +54,8 @@ class TranslateRequest:
     nbest: int
     attention: frozenset[int]  # the lines whose attention goes in the response
     model: str
+    prefixes: tuple[str | None, ...] | None = None  # per line, the target text its output starts with
+    alignments: bool = False
 
 
 MAX_DEPTH = 32  # JSON nesting a valid request never comes near (it has depth 2)
@@ -176,7 +181,30 @@ def parse_request(
         fields, "beam", min(default_beam, beams[model]), 1, beams[model], f"the widest beam model {model} accepts"
     )
     nbest = integer(fields, "nbest", min(default_nbest, beam), 1, beam, f"at most beam={beam}")
-    return TranslateRequest(lines, beam, nbest, attention_lines(fields, len(lines)), model)
+    alignments = fields.get("alignments", False)
+    if not isinstance(alignments, bool):
+        raise RequestError(422, "alignments", f"alignments={json.dumps(alignments)[:80]}: expected true or false")
+    attention = attention_lines(fields, len(lines))
+    return TranslateRequest(lines, beam, nbest, attention, model, prefix_lines(fields, len(lines)), alignments)
+
+
+def prefix_lines(body: dict[str, Any], count: int) -> tuple[str | None, ...] | None:
+    """body["prefix"]: a string for every line, or a list of strings (or nulls), one per line."""
+    value = body.get("prefix")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value] * count
+    if not isinstance(value, list) or not all(p is None or isinstance(p, str) for p in value):
+        raise RequestError(
+            422, "prefix", f"prefix={json.dumps(value)[:80]}: expected a string or a list of strings (or null)"
+        )
+    if len(value) != count:
+        raise RequestError(422, "prefix", f"prefix: {len(value)} prefixes for {count} lines; expected one per line")
+    for i, p in enumerate(value):
+        if p is not None and SURROGATE.search(p):
+            raise RequestError(400, "prefix", f"prefix[{i}]: holds a lone surrogate, which is not Unicode text")
+    return tuple(value)
 
 
 def check_content_type(value: str | None) -> None:
