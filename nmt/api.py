@@ -80,6 +80,9 @@ def load_model(
             raise NmtError(
                 f"{path}: its vocabulary differs from {paths[0]}'s; the models of an ensemble must share one tokenizer"
             )
+    from nmt.training.precision import check_bf16
+
+    check_bf16(precision, torch.device(device), "decode.precision")
     models = [to_precision(model, precision) for model, _, _ in loaded]
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Loaded(model, tokenizer, train_cfg, payloads[0]["step"], payloads[0]["path"])

@@ -53,7 +53,9 @@ def one_of(*choices: str) -> Rule:
 
 
 DEVICE = Rule(
-    lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None, "unknown; expected auto, cpu, cuda or cuda:N", "gpu"
+    lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
+    "unknown; expected auto, cpu, cuda, cuda:N or mps",
+    "gpu",
 )
 
 
@@ -211,6 +213,9 @@ class TrainConfig:
     seed: int = key(1, at_least(0))
     device: str = key("auto", DEVICE)  # auto | cpu | cuda | cuda:N
     threads: Optional[int] = key(None, at_least(1))  # torch intra-op threads (None: torch's default)
+    # torchrun: how long a collective may wait for the other processes (rank 0 validating alone, say) before the job
+    # fails; data preparation is waited for on a file, without it
+    dist_timeout_min: float = key(60.0, positive())
     progress: bool = True  # a progress bar when stderr is a terminal
 
     def __post_init__(self) -> None:

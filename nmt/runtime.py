@@ -11,10 +11,16 @@ from nmt.errors import NmtError
 
 
 def resolve_device(name: str, key: str = "train.device") -> torch.device:
-    """auto: CUDA when available, else CPU; asking for CUDA where there is none is a clear error."""
+    """auto: CUDA when available, else CPU (never MPS by itself: ask for it with mps); asking for CUDA or MPS where
+    there is none is a clear error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
+    if device.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise NmtError(f"{key}={name}: MPS (an Apple GPU) is not available on this machine; use cpu or auto")
+        return device
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise NmtError(f"{key}={name}: CUDA is not available on this machine; use cpu or auto")

@@ -81,7 +81,7 @@ def test_every_command_key_with_a_bad_value(main, schema, base, capsys):
         ("decode.top_p=0", "decode.top_p=0.0: expected a number in (0, 1]"),
         # names
         ("model.norm=typo", "model.norm=typo: unknown; expected one of pre, post"),
-        ("train.device=gpu", "train.device=gpu: unknown; expected auto, cpu, cuda or cuda:N"),
+        ("train.device=gpu", "train.device=gpu: unknown; expected auto, cpu, cuda, cuda:N or mps"),
         ("train.precision=fp8", "train.precision=fp8: unknown; expected one of fp32, bf16, fp16"),
         (
             "model.cell=rnn",

@@ -53,6 +53,22 @@ def wait(pid: int, timeout: float = 300) -> int:
     raise AssertionError(f"child {pid} did not finish in {timeout} s")
 
 
+def two_ranks(work_for_rank, port: int | None = None) -> list[int]:
+    """Run work_for_rank(rank) in two forked processes set up as torchrun would; their exit codes."""
+    port = 29600 + os.getpid() % 1000 if port is None else port
+    children = []
+    for rank in (0, 1):
+
+        def work(rank=rank):
+            os.environ.update(
+                RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+            )
+            work_for_rank(rank)
+
+        children.append(fork(work))
+    return [wait(pid, timeout=240) for pid in children]
+
+
 def killed_run(args: list[str], kill_at: int) -> int:
     """nmt-train in a child process that SIGKILLs itself just before update number `kill_at`."""
 

@@ -11,7 +11,7 @@ from nmt.data.batching import make_batch
 from nmt.errors import NmtError
 from nmt.training.trainer import Trainer
 from tests.conftest import tiny_config
-from tests.test_resume import fork, needs_fork, wait
+from tests.test_resume import needs_fork, two_ranks
 
 
 @pytest.fixture(scope="module")
@@ -125,19 +125,12 @@ def test_two_processes_reach_the_parameters_of_one_with_the_same_global_batch(to
     Trainer(
         tiny_config(toy_dir, cache, accumulate=2, **common), tmp_path / "one", log=lambda line: None
     ).fit()  # builds the cache first
-    port = 29500 + os.getpid() % 1000
-    children = []
-    for rank in (0, 1):
 
-        def work(rank=rank):
-            os.environ.update(
-                RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-            )
-            Trainer(tiny_config(toy_dir, cache, **common), tmp_path / "two", log=lambda line: None).fit()
-            os._exit(0)
+    def work(rank):
+        Trainer(tiny_config(toy_dir, cache, **common), tmp_path / "two", log=lambda line: None).fit()
+        os._exit(0)
 
-        children.append(fork(work))
-    assert [wait(pid, timeout=240) for pid in children] == [0, 0]
+    assert two_ranks(work, port=29500 + os.getpid() % 1000) == [0, 0]
     one = torch.load(tmp_path / "one" / "checkpoints" / "last.pt", weights_only=True)
     two = torch.load(tmp_path / "two" / "checkpoints" / "last.pt", weights_only=True)
     assert one["step"] == two["step"] == 4

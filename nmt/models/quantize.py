@@ -56,6 +56,26 @@ class Bf16Linear(nn.Module):
         return F.linear(rows, self.weight, self.bias)[:count].float().view(*x.shape[:-1], -1)
 
 
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (R, I) int8 @ b (I, O) int8 -> (R, O) int32 through torch._int_mm. On CUDA its kernel needs more than 16
+    rows and I and O multiples of 8: the operands are padded with zeros there (which add nothing to any product)
+    and the result cut back. A CPU takes any shape as it is."""
+    if not a.is_cuda:
+        return torch._int_mm(a, b)
+    return padded_int_mm(a, b)
+
+
+def padded_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    rows, inner = a.shape
+    out = b.size(1)
+    rows_p, inner_p, out_p = max(32, -(-rows // 8) * 8), -(-inner // 8) * 8, -(-out // 8) * 8
+    if (rows_p, inner_p) != (rows, inner):
+        a = F.pad(a, (0, inner_p - inner, 0, rows_p - rows))
+    if (inner_p, out_p) != (inner, out):
+        b = F.pad(b, (0, out_p - out, 0, inner_p - inner))
+    return torch._int_mm(a, b)[:rows, :out]
+
+
 class Int8Linear(nn.Module):
     """A Linear with int8 weights (a scale per output unit) and int8 inputs (a scale per row, at run time)."""
 
@@ -71,7 +91,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.size(-1)).float()  # (R, I)
         scale = rows.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127  # (R, 1)
-        product = torch._int_mm((rows / scale).round_().to(torch.int8), self.weight_t)  # (R, O) int32
+        product = int_mm((rows / scale).round_().to(torch.int8), self.weight_t)  # (R, O) int32
         y = product.float().mul_(scale).mul_(self.scale)
         if self.bias is not None:
             y = y.add_(self.bias)

@@ -52,6 +52,15 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return name
 
 
+def check_bf16(name: str, device: torch.device, key: str) -> None:
+    """bf16 on a GPU that has no bf16 arithmetic (before compute capability 8.0, e.g. a V100 or T4) is refused:
+    PyTorch would emulate it, slowly, where fp16 is the GPU's own."""
+    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise NmtError(
+            f"{key}=bf16: this GPU has no bf16 arithmetic (compute capability below 8.0); use fp16 or fp32 there"
+        )
+
+
 class Precision:
     """Autocast for the forward pass, and the gradient scaler's hooks around backward and the optimizer step."""
 
@@ -59,6 +68,7 @@ class Precision:
         name = resolve_precision(name, device)
         if name == "fp16" and device.type != "cuda":
             raise NmtError(f"train.precision=fp16: needs a CUDA device (training on {device.type}); use bf16 on a CPU")
+        check_bf16(name, device, "train.precision")
         self.name, self.device = name, device
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
 

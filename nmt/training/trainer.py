@@ -68,7 +68,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
             )
         if train.threads:
             torch.set_num_threads(train.threads)
-        self.device = self.dist.setup(resolve_device(train.device))
+        self.device = self.dist.setup(resolve_device(train.device), train.dist_timeout_min)
         self.precision = Precision(train.precision, self.device)
         seed_everything(train.seed)  # the same initial weights on every process
         self.data = self._prepare_data(checkpoint)
@@ -128,14 +128,13 @@ class Trainer(CheckpointState, Validation, DataPosition):
             torch.manual_seed(train.seed + 1000 * self.dist.rank)  # the same weights, but each process its own dropout
 
     def _prepare_data(self, checkpoint: dict | None):
-        """Rank 0 prepares (and caches) the data first; the other processes then read its cache."""
+        """Rank 0 prepares (and caches) the data first, the others waiting on a file, then they read its cache."""
         tokenizer = checkpoint_tokenizer(checkpoint) if checkpoint else None
-        if self.dist.enabled and not self.dist.main:
-            self.dist.broadcast(None)  # wait for rank 0
-            return prepare_data(self.cfg.data, lambda line: None, tokenizer)
-        data = prepare_data(self.cfg.data, self.log, tokenizer)
-        self.dist.broadcast(None)
-        return data
+
+        def prepare(main: bool):
+            return prepare_data(self.cfg.data, self.log if main else (lambda line: None), tokenizer)
+
+        return self.dist.main_first(prepare, Path(self.cfg.data.cache_dir))
 
     def _open_run_dir(self) -> None:
         """Create the run dir only now that the data and model are valid: a bad input leaves nothing behind."""
