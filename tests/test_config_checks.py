@@ -92,12 +92,28 @@ def test_every_command_key_with_a_bad_value(main, schema, base, capsys):
         # combinations
         ("model.heads=3", "model.dim=256 with model.heads=3: the model dim must be a multiple of the number of heads"),
         ("decode.nbest=2", "decode.nbest=2: at most decode.beam=1 hypotheses"),
+        # Hydra's sweep form where one value or a list was meant
+        (
+            "data.vocab_size=4000,8000",
+            "data.vocab_size=4000,8000: one value, or a list written data.vocab_size=[4000,8000] (with brackets",
+        ),
+        ("+train.seed=1,2", "train.seed=1,2: one value, or a list written train.seed=[1,2]"),
     ],
 )
 def test_mistakes_by_class(override, message, tmp_path, capsys):
     code, _, err = cli(train.main, NO_DATA + [override, f"run_dir={tmp_path}/run"], capsys)
     one_error_line(code, err, f"error: {message}")
     assert not (tmp_path / "run").exists()
+
+
+def test_lists_the_hydra_way_get_one_line_everywhere(capsys):
+    from nmt.cli import serve
+    from nmt.cli.common import top_level_commas
+
+    code, _, err = cli(serve.main, ["checkpoint=/nonexistent.pt", "serve.allowed_hosts=a.example,b.example"], capsys)
+    one_error_line(code, err, "error: serve.allowed_hosts=a.example,b.example: one value, or a list written")
+    assert not top_level_commas("[a,b]") and not top_level_commas("'a,b'") and not top_level_commas("a\\,b")
+    assert top_level_commas("a,b") and top_level_commas("[a],b")
 
 
 def test_rnn_combinations(capsys):

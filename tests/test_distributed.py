@@ -108,3 +108,40 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_ends_as_if_uninterrupted
     assert a["step"] == b["step"] == 12
     for key, value in a["model"].items():
         assert torch.equal(b["model"][key], value), key  # bit-identical on CPU
+
+
+@needs_fork
+def test_validation_best_checkpoint_early_stopping_and_max_time_agree_across_ranks(toy_dir, tmp_path):
+    """One 2-process run that validates every 2 updates (BLEU on rank 0 alone), keeps the best checkpoint, and stops
+    by patience or by train.max_time, whichever comes first: both ranks stop at the same update and agree on it."""
+    cache = tmp_path / "cache"
+    settings = dict(
+        max_steps=400,
+        valid_every=2,
+        save_every=100,
+        valid_bleu_sentences=8,
+        early_stop_metric="bleu",
+        patience=3,
+        max_time=0.1,
+        budget_clock="wall",
+        threads=1,
+        lr=3e-3,
+        warmup=2,
+    )
+    steps = {rank: tmp_path / f"steps{rank}.txt" for rank in (0, 1)}
+
+    def work(rank):
+        trainer = Trainer(tiny_config(toy_dir, cache, **settings), tmp_path / "run", log=lambda line: None)
+        results = trainer.fit()
+        steps[rank].write_text(str(trainer.step))
+        os._exit(0 if results["steps"] == trainer.step else 1)
+
+    assert two_ranks(work) == [0, 0]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert steps[0].read_text() == steps[1].read_text() == str(results["steps"])  # the same stop on both
+    assert results["steps"] < 400 and (results["early_stopped"] or results["timed_out"])
+    log = (tmp_path / "run" / "train.log").read_text()
+    validations = log.count("| valid loss")
+    assert validations >= 3 and validations == results["steps"] // 2  # every 2 updates, once each, by rank 0
+    best = torch.load(tmp_path / "run" / "checkpoints" / "best.pt", weights_only=True)
+    assert best["step"] == results["best"]["step"] and results["best"]["metric"] == "bleu"

@@ -116,3 +116,21 @@ def test_ten_minute_multi30k_recipes_train_on_the_corpus_to_their_time_budget(na
     assert results["timed_out"] and results["steps"] >= 1 and results["precision"] in ("bf16", "fp32")
     assert average.main([f"run={run}", "last=2"]) is None, capsys.readouterr().err
     assert (run / "checkpoints" / "average.pt").is_file()
+
+
+# What the README's results table publishes for each Multi30k recipe: architecture and parameters (joint BPE 8,000).
+PUBLISHED = {
+    "multi30k_transformer": ("transformer", 7.6),
+    "multi30k_luong": ("luong", 4.5),
+    "multi30k_bahdanau": ("bahdanau", 3.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_multi30k_recipes_build_the_models_the_readme_describes(name):
+    cfg = compose("config", [f"experiment={name}", "data.root=/nonexistent"])
+    arch, millions = PUBLISHED[name]
+    assert cfg.model.arch == arch and cfg.data.vocab_size == 8000 and cfg.model.dim == 256
+    net = build_model(cfg.model, 8000, 8000, joint=True)
+    weights = {p.data_ptr(): p.numel() for p in net.parameters()}  # tied weights counted once
+    assert round(sum(weights.values()) / 1e6, 1) == millions

@@ -77,6 +77,7 @@ def compose(config_name: str, overrides: list[str]):
     from hydra.errors import HydraException
 
     register_configs()
+    check_sweeps(overrides)
     check_group_choices(overrides)
     try:
         searchpath = (
@@ -91,6 +92,39 @@ def compose(config_name: str, overrides: list[str]):
         raise NmtError(compose_error(err, config_name)) from None
     check_known_keys(obj)
     return obj
+
+
+def top_level_commas(value: str) -> bool:
+    """Whether a value holds a comma outside brackets, braces, quotes and backslash escapes (Hydra's sweep form)."""
+    depth, quote, escaped = 0, "", False
+    for char in value:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            return True
+    return False
+
+
+def check_sweeps(overrides: list[str]) -> None:
+    """`key=a,b` is Hydra's sweep (several runs, under --multirun), which no nmt command runs: name the key and the
+    two forms meant instead, a list or one value."""
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if sep and top_level_commas(value):
+            raise NmtError(
+                f"{key}={value}: one value, or a list written {key}=[{value}] (with brackets: Hydra reads "
+                f"{key}=a,b as a sweep over several runs, which the nmt commands do not run)"
+            )
 
 
 def check_group_choices(overrides: list[str]) -> None:
