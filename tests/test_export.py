@@ -127,3 +127,45 @@ def test_rnn_checkpoints_and_used_directories_are_refused(corpus, tmp_path, caps
     assert code == 2 and "already exists" in err and (tmp_path / "used" / "keep.txt").read_text() == "mine"
     code, _, err = cli(export.main, [f"checkpoint={path}", "format=onnx", f"out={tmp_path / 'x'}"], capsys)
     assert code == 2 and "format=onnx: unknown; expected one of ctranslate2" in err
+
+
+def test_beam_5_equals_ours_where_the_length_penalties_agree(corpus, tmp_path, capsys):
+    """alpha = 0 (ours) and length_penalty = 0 (CTranslate2's) rank alike: beam 5 gives the same outputs; for
+    alpha > 0 no length_penalty does, and nmt_export.json says how to rank CTranslate2's n-best instead."""
+    import json
+
+    from nmt.export.ctranslate2 import rerank
+
+    path, model, tokenizer = checkpoint(tmp_path, corpus, True, "pre", True, steps=150)
+    code, _, err = cli(export.main, [f"checkpoint={path}", "format=ctranslate2", f"out={tmp_path / 'ct2'}"], capsys)
+    assert code == 0, err
+    notes = json.loads((tmp_path / "ct2" / "nmt_export.json").read_text())
+    assert notes["decode"]["nmt"]["beam"] == 1 and notes["decode"]["ctranslate2"]["length_penalty"] == 0.0
+    engine = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    _, _, test_src, _ = corpus
+    pieces = [tokenizer.src.encode(line, out_type=str) for line in test_src]
+    decode = DecodeConfig(beam=5, alpha=0.0, max_len_a=0, max_len_b=20)
+    ours = [
+        r.hyps[0].tokens for r in Translator(model, tokenizer, decode, torch.device("cpu")).translate_lines(test_src)
+    ]
+    theirs = engine.translate_batch(
+        pieces, beam_size=5, length_penalty=0.0, max_decoding_length=20, suppress_sequences=[["<pad>"], ["<s>"]]
+    )
+    assert [[tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in theirs] == ours
+    # alpha = 1: CTranslate2's 5-best at length_penalty 0, ranked by GNMT's penalty, mostly agree with ours
+    decode = DecodeConfig(beam=5, alpha=1.0, max_len_a=0, max_len_b=20)
+    ours = [
+        r.hyps[0].tokens for r in Translator(model, tokenizer, decode, torch.device("cpu")).translate_lines(test_src)
+    ]
+    nbest = engine.translate_batch(
+        pieces,
+        beam_size=5,
+        num_hypotheses=5,
+        return_scores=True,
+        length_penalty=0.0,
+        max_decoding_length=20,
+        suppress_sequences=[["<pad>"], ["<s>"]],
+    )
+    picked = [r.hypotheses[rerank(r.hypotheses, r.scores, 1.0)] for r in nbest]
+    agree = sum([tokenizer.tgt.piece_to_id(p) for p in h] == o for h, o in zip(picked, ours))
+    assert agree >= 0.9 * len(ours)

@@ -119,6 +119,50 @@ def _pieces(processor) -> list[str]:
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
 
+def ct2_search_options(decode) -> dict:
+    """CTranslate2 `translate_batch` options that search as nmt's decode settings do, where one exists.
+
+    Both beam searches keep the same hypotheses; they differ only in how finished ones are ranked. CTranslate2
+    divides a score by length ** length_penalty, nmt by GNMT's ((5 + length) / 6) ** alpha: only alpha = 0 (no
+    normalisation) has an equal, length_penalty = 0 (tested: beam 5, identical outputs). For alpha > 0 no
+    length_penalty ranks alike; ask CTranslate2 for the n-best with length_penalty = 0 and rank them by GNMT's
+    penalty instead (`rerank`), which agrees with nmt on most sentences but is not the same search (nmt ranks
+    every hypothesis that finished, possibly more than the beam)."""
+    options = {
+        "beam_size": decode.beam,
+        "max_decoding_length": None,  # set per batch: decode.max_len_a * source length + decode.max_len_b
+        "min_decoding_length": decode.min_len,
+        "suppress_sequences": [["<pad>"], ["<s>"]],  # nmt never emits PAD or BOS
+    }
+    options["length_penalty"] = 0.0 if decode.alpha == 0 else None
+    return options
+
+
+def rerank(hypotheses: list[list[str]], scores: list[float], alpha: float) -> int:
+    """The index of the hypothesis nmt's GNMT penalty ranks first among CTranslate2's n-best (scores summed
+    log-probabilities, length_penalty = 0); a hypothesis' length counts its EOS step."""
+    return max(range(len(hypotheses)), key=lambda i: scores[i] / ((5 + len(hypotheses[i]) + 1) / 6) ** alpha)
+
+
+def decode_record(decode) -> dict:
+    """The training run's decode settings and their CTranslate2 equivalent, for nmt_export.json."""
+    from dataclasses import asdict
+
+    options = ct2_search_options(decode)
+    equal = options["length_penalty"] is not None
+    return {
+        "nmt": asdict(decode),
+        "ctranslate2": {k: v for k, v in options.items() if v is not None} if equal else None,
+        "note": (
+            "translate_batch with these options searches and ranks as nmt does (max_decoding_length per batch: "
+            f"{decode.max_len_a} * source length + {decode.max_len_b})"
+            if equal
+            else f"alpha={decode.alpha}: CTranslate2 has no GNMT length penalty; use length_penalty=0 with "
+            "num_hypotheses=beam and rank by ((5 + length) / 6) ** alpha (nmt.export.ctranslate2.rerank)"
+        ),
+    }
+
+
 def export_ctranslate2(
     model: Seq2Seq,
     cfg: Config,
@@ -165,6 +209,7 @@ def export_ctranslate2(
             "quantization": quantization or "float32",
             "source": "SentencePiece pieces; </s> is appended by CTranslate2 (add_source_eos)",
             "decoder_start": "<s>",
+            "decode": decode_record(cfg.decode),
         }
         (tmp / "nmt_export.json").write_text(json.dumps(notes, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, target)
