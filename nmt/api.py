@@ -188,6 +188,8 @@ class Model:
         nbest: int | None = None,
         return_attention: bool = False,
         prefix: str | Sequence[str | None] | None = None,
+        constraints: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        avoid: Sequence[str] | Sequence[Sequence[str]] | None = None,
         return_alignments: bool = False,
         align_method: str = "argmax",
         align_threshold: float = 0.5,
@@ -200,7 +202,9 @@ class Model:
 
         Returns the best translation per line (a string for a string), or with `nbest` > 1, `return_attention` or
         `return_alignments` (or rich=True) a `Result` per line. `prefix`: the target text every output starts with
-        (one string for all lines, or one per line, None for none). `return_alignments`: word links per hypothesis
+        (one string for all lines, or one per line, None for none). `constraints` / `avoid`: target phrases every
+        output must contain / must not contain (a list of strings for all lines, or one list per line), by
+        lexically constrained beam search. `return_alignments`: word links per hypothesis
         from the attention (`align_*`: see nmt.alignments). Other keyword arguments are decoding settings (alpha,
         max_len_a, sampling, no_repeat_ngram_size, repetition_penalty, ...).
         """
@@ -210,6 +214,7 @@ class Model:
             if not isinstance(line, str):
                 raise NmtError(f"lines[{k}]: expected a string, got {type(line).__name__}")
         prefixes = self._prefixes(prefix, len(batch))
+        needs, avoids = self._phrases(constraints, len(batch), "constraints"), self._phrases(avoid, len(batch), "avoid")
         settings = self.settings(beam=beam, nbest=nbest, **decode)
         translator = self._translator(settings)
         aligner = None
@@ -220,7 +225,9 @@ class Model:
                 self.loaded.model, self.tokenizer, self.device, align_method, align_threshold, align_layer, align_head
             )
         with torch.inference_mode():
-            translations = translator.translate_lines([" ".join(line.split()) for line in batch], prefixes=prefixes)
+            translations = translator.translate_lines(
+                [" ".join(line.split()) for line in batch], prefixes=prefixes, constraints=needs, avoid=avoids
+            )
         want_rich = rich if rich is not None else (settings.nbest > 1 or return_attention or return_alignments)
         if not want_rich:
             best = translator.tokenizer.decode_tgt([t.hyps[0].tokens if t.hyps else [] for t in translations])
@@ -228,6 +235,21 @@ class Model:
             return texts[0] if single else texts
         results = [self._result(line, t, translator, return_attention, aligner) for line, t in zip(batch, translations)]
         return results[0] if single else results
+
+    @staticmethod
+    def _phrases(value: Any, count: int, name: str) -> list[list[str]] | None:
+        if value is None:
+            return None
+        items = list(value)
+        if all(isinstance(p, str) for p in items):
+            return [items] * count
+        if len(items) != count or not all(
+            isinstance(line, (list, tuple)) and all(isinstance(p, str) for p in line) for line in items
+        ):
+            raise NmtError(
+                f"{name}: expected a list of strings (for every line) or one list of strings per line ({count})"
+            )
+        return [list(line) for line in items]
 
     @staticmethod
     def _prefixes(prefix: str | Sequence[str | None] | None, count: int) -> list[str | None] | None:

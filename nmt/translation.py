@@ -92,12 +92,41 @@ class Translator:
             None  # a nmt.workers.SearchPool: batches are then searched in its processes (nmt-translate workers=N)
         )
 
-    def search(self, src_ids: list[list[int]], prefix_ids: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+    def search(
+        self,
+        src_ids: list[list[int]],
+        prefix_ids: list[list[int]] | None = None,
+        constraints: list[list[tuple[int, ...]]] | None = None,
+        avoid: list[list[tuple[int, ...]]] | None = None,
+    ) -> list[list[Hypothesis]]:
         """Decode one batch of encoded sentences (in the given order); hypotheses best first. prefix_ids: each
-        sentence's target prefix, all of one length (`batches` groups them so); every output starts with it."""
+        sentence's target prefix, all of one length (`batches` groups them so); every output starts with it.
+        constraints / avoid: per sentence, target phrases (ids) its output must contain / must not contain
+        (nmt.constraints: lexically constrained beam search)."""
         d = self.decode
         batch = make_batch(src_ids).to(self.device)
         src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
+        if (constraints and any(constraints)) or (avoid and any(avoid)):
+            if d.sampling or (prefix_ids is not None and any(prefix_ids)):
+                raise NmtError(
+                    "constraints with decode.sampling=true or with a prefix: constraints are for greedy and beam "
+                    "search without a prefix"
+                )
+            from nmt.constraints import constrained_beam_search
+
+            empty: list[list[tuple[int, ...]]] = [[] for _ in src_ids]
+            return constrained_beam_search(
+                self.model,
+                src,
+                mask,
+                max_len,
+                d.beam,
+                constraints or empty,
+                avoid or empty,
+                d.alpha,
+                d.min_len,
+                d.nbest,
+            )
         rep = repetition(d)
         prefix = None
         if prefix_ids is not None and any(prefix_ids):
@@ -164,26 +193,45 @@ class Translator:
         if batch:
             yield batch
 
+    def encode_phrases(self, phrases: list[list[str]] | None) -> list[list[tuple[int, ...]]] | None:
+        """Each line's target phrases as ids (blank phrases dropped); None when no line has any."""
+        if not phrases or not any(phrases):
+            return None
+        out = []
+        for line in phrases:
+            kept = [p for p in (line or []) if p.strip()]
+            out.append([tuple(ids) for ids in self.tokenizer.encode_tgt(kept)] if kept else [])
+        return out
+
     def translate_lines(
         self,
         lines: list[str],
         first_line: int = 1,
         progress: Callable[[int], None] | None = None,
         prefixes: list[str | None] | None = None,
+        constraints: list[list[str]] | None = None,
+        avoid: list[list[str]] | None = None,
     ) -> list[Translation]:
         """One Translation per line, in input order; lines are searched shortest first. prefixes: per line, the
-        target text its output must start with (None or "" for none)."""
+        target text its output must start with (None or "" for none); constraints / avoid: per line, target
+        phrases its output must contain / must not contain."""
         ids = self.encode(lines, first_line)
         prefix_ids = self.encode_prefixes(prefixes) if prefixes and any(prefixes) else None
+        need, ban = self.encode_phrases(constraints), self.encode_phrases(avoid)
         hyps: list[list[Hypothesis]] = [[] for _ in lines]
         report = progress or (lambda n: None)
         filled = [i for i, line in enumerate(lines) if line.strip()]
         report(len(lines) - len(filled))
         batches = list(self.batches(ids, filled, prefix_ids))
-        if prefix_ids:
-            work = [([ids[i] for i in batch], [prefix_ids[i] for i in batch]) for batch in batches]
-        else:
-            work = [([ids[i] for i in batch], None) for batch in batches]
+        work = [
+            (
+                [ids[i] for i in batch],
+                [prefix_ids[i] for i in batch] if prefix_ids else None,
+                [need[i] for i in batch] if need else None,
+                [ban[i] for i in batch] if ban else None,
+            )
+            for batch in batches
+        ]
         with eval_mode(self.model):
             searched_all = self.pool.search(work) if self.pool else (self.search(*job) for job in work)
             for batch, searched in zip(batches, searched_all):

@@ -43,8 +43,9 @@ def _start(checkpoint: str, decode: DecodeConfig, device: str, threads: int) -> 
         _failure = err
 
 
-def _search(job: tuple[list[list[int]], list[list[int]] | None]) -> list[Packed]:
-    """One batch: (source ids, target prefixes or None) -> each sentence's hypotheses."""
+def _search(job: tuple) -> list[Packed]:
+    """One batch: (source ids, target prefixes, constraints, phrases to avoid; each but the first may be None)
+    -> each sentence's hypotheses."""
     if _failure is not None:
         raise _failure
     with torch.inference_mode():
@@ -67,10 +68,8 @@ class SearchPool:
         context = multiprocessing.get_context("spawn")
         self.pool = context.Pool(workers, initializer=_start, initargs=(checkpoint, decode, device, threads))
 
-    def search(
-        self, batches: Iterable[tuple[list[list[int]], list[list[int]] | None]]
-    ) -> Iterator[list[list[Hypothesis]]]:
-        """Each batch's hypotheses per sentence, in the order of `batches` ((source ids, prefixes or None) each);
+    def search(self, batches: Iterable[tuple]) -> Iterator[list[list[Hypothesis]]]:
+        """Each batch's hypotheses per sentence, in the order of `batches` (Translator.search's arguments each);
         the workers take batches as they free up."""
         for packed in self.pool.imap(_search, batches):
             yield _unpack(packed)

@@ -123,7 +123,8 @@ def test_jsonl_input_with_prefixes(runs, sources, tmp_path, capsys):
         ('{"prefix": "x"}', '"text" missing'),
         ("[1, 2]", "a JSON list; expected an object"),
         ("{oops", "not a JSON object"),
-        ('{"text": "x", "constraints": ["y"]}', "unknown field 'constraints' (lexical constraints are not supported"),
+        ('{"text": "x", "constraints": "y"}', '"constraints" is not a list of strings'),
+        ('{"text": "x", "terms": ["y"]}', "unknown field 'terms'; expected text, prefix, constraints, avoid"),
         ('{"text": "x", "prefix": 5}', '"prefix" is not a string'),
     ]:
         src.write_text(f'{{"text": "{sources[0]}"}}\n{bad}\n')

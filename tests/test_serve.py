@@ -170,7 +170,8 @@ def test_the_compared_model_answers_by_name(client, sources):
             b'{"text": ["x"], "beams": 2}',
             422,
             "beams",
-            "beams: unknown field; expected text, beam, nbest, attention, model, prefix, alignments",
+            "beams: unknown field; expected text, beam, nbest, attention, model, prefix, alignments, constraints, "
+            "avoid",
         ),
         (b'{"text": ["x"], "beam": "5"}', 422, "beam", 'beam="5": expected an integer'),
         (b'{"text": ["x"], "beam": true}', 422, "beam", "beam=true: expected an integer"),

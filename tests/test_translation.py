@@ -198,9 +198,9 @@ def test_input_is_read_in_chunks(checkpoint, tmp_path, capsys, monkeypatch):
     seen = []
     original = Translator.translate_lines
 
-    def spy(self, lines, first_line=1, progress=None, prefixes=None):
+    def spy(self, lines, first_line=1, progress=None, **options):
         seen.append((first_line, len(lines)))
-        return original(self, lines, first_line, progress, prefixes)
+        return original(self, lines, first_line, progress, **options)
 
     monkeypatch.setattr(Translator, "translate_lines", spy)
     source = write(tmp_path / "in.txt", ["the cat", "a dog", "", "red mat", "big house", "sees", "runs"])

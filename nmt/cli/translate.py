@@ -46,7 +46,8 @@ separated by commas: an ensemble, which averages the models' log-probabilities. 
   nmt-translate checkpoint=runs/quickstart input=test.jsonl input_format=jsonl      # {"text": "...", "prefix": "..."}
   nmt-translate checkpoint=runs/quickstart input=test.src alignments_out=test.align align.layer=2 align.head=0
   nmt-translate checkpoint=runs/quickstart decode=beam decode.no_repeat_ngram_size=3 input=test.src
-With input_format=jsonl each line is an object: "text" (required) and "prefix" (the output starts with it).
+With input_format=jsonl each line is an object: "text" (required), "prefix" (the output starts with it),
+"constraints" (target phrases the output must contain) and "avoid" (phrases it must not contain).
 alignments_out writes one line of Pharaoh links `i-j` (source word i, target word j, from 0) per input line.
 On a CPU, workers=N (one per core, each with threads=1) searches batches in N processes: faster than one
 process with N threads, with the same output. Sentences/s and output tokens/s are printed on stderr at the end.
@@ -152,10 +153,12 @@ def translate_stream(
         alignments = stack.enter_context(atomic_open(cfg.alignments_out, "w", key="alignments_out"))
     first = sentences = tokens = 0
     for chunk in chunks(lines, cfg.chunk_size):
-        prefixes = None
+        prefixes = needs = avoids = None
         if cfg.input_format == "jsonl":
-            chunk, prefixes = read_jsonl(chunk, cfg.input or "<stdin>", first + 1)
-        results = translator.translate_lines(chunk, first_line=first + 1, progress=bar.update, prefixes=prefixes)
+            chunk, prefixes, needs, avoids = read_jsonl(chunk, cfg.input or "<stdin>", first + 1)
+        results = translator.translate_lines(
+            chunk, first_line=first + 1, progress=bar.update, prefixes=prefixes, constraints=needs, avoid=avoids
+        )
         out.writelines(line + "\n" for line in output_lines(translator, results, first, cfg.decode.nbest))
         out.flush()
         if alignments is not None:
@@ -174,20 +177,25 @@ def translate_stream(
     return sentences, tokens
 
 
-JSONL_FIELDS = ("text", "prefix")
+JSONL_FIELDS = ("text", "prefix", "constraints", "avoid")
 
 
-def read_jsonl(lines: list[str], path: str, first_line: int) -> tuple[list[str], list[str | None]]:
-    """input_format=jsonl: each line's "text" and "prefix" (a blank line is a blank text); a mistake names the line."""
+def read_jsonl(lines: list[str], path: str, first_line: int) -> tuple[list[str], list[str | None], list, list]:
+    """input_format=jsonl: each line's "text", "prefix", "constraints" and "avoid" (a blank line is a blank text);
+    a mistake names the line."""
     import json
 
     texts: list[str] = []
     prefixes: list[str | None] = []
+    needs: list[list[str]] = []
+    avoids: list[list[str]] = []
     for number, line in enumerate(lines, first_line):
         where = f"{path}:{number}"
         if not line.strip():
             texts.append("")
             prefixes.append(None)
+            needs.append([])
+            avoids.append([])
             continue
         try:
             value = json.loads(line)
@@ -197,16 +205,21 @@ def read_jsonl(lines: list[str], path: str, first_line: int) -> tuple[list[str],
             raise NmtError(f'{where}: a JSON {type(value).__name__}; expected an object {{"text": "..."}}')
         unknown = [k for k in value if k not in JSONL_FIELDS]
         if unknown:
-            hint = " (lexical constraints are not supported yet)" if "constraints" in unknown else ""
-            raise NmtError(f"{where}: unknown field {unknown[0]!r}{hint}; expected {', '.join(JSONL_FIELDS)}")
+            raise NmtError(f"{where}: unknown field {unknown[0]!r}; expected {', '.join(JSONL_FIELDS)}")
         text, prefix = value.get("text"), value.get("prefix")
         if not isinstance(text, str):
             raise NmtError(f'{where}: "text" {"missing" if text is None else "is not a string"}; expected a string')
         if prefix is not None and not isinstance(prefix, str):
             raise NmtError(f'{where}: "prefix" is not a string; expected a string or no "prefix"')
+        for name in ("constraints", "avoid"):
+            phrases = value.get(name, [])
+            if not isinstance(phrases, list) or not all(isinstance(p, str) for p in phrases):
+                raise NmtError(f'{where}: "{name}" is not a list of strings; expected e.g. ["Hund", "rote Jacke"]')
         texts.append(text.replace("\n", " "))
         prefixes.append(prefix)
-    return texts, prefixes
+        needs.append(value.get("constraints", []))
+        avoids.append(value.get("avoid", []))
+    return texts, prefixes, needs, avoids
 
 
 def main(argv: list[str]) -> int | None:

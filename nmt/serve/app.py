@@ -216,14 +216,16 @@ def create_app(
         except RequestError as err:
             return JSONResponse(err.body(), status_code=err.status)
         model = by_name[job.model]
-        ids, prefix_ids, warnings = await run_in_threadpool(model.encode, list(job.lines), job.prefixes)
+        ids, options, warnings = await run_in_threadpool(
+            model.encode, list(job.lines), job.prefixes, job.constraints, job.avoid
+        )
         filled = [i for i, line in enumerate(job.lines) if line.strip()]
         request.scope["nmt.log"] = {"model": job.model, "lines": len(job.lines), "beam": job.beam}
         width = job.beam
         try:
             ticket = scheduler.submit(
                 (job.model, job.beam, job.nbest),
-                [(ids[i], prefix_ids[i]) for i in filled],
+                [(ids[i], *options[i]) for i in filled],
                 [(len(ids[i]) + 1) * width for i in filled],
             )
         except Overloaded as err:

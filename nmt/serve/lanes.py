@@ -43,10 +43,12 @@ class Stoppable:
 
 
 def search(translator: Translator, beam: int, nbest: int, payloads: list[Any], stop: Callable[[], bool]):
-    """The hypotheses of each (source ids, prefix ids) of `payloads` (in order), in the translator's batches of
-    decode.batch_tokens (and of one prefix length)."""
+    """The hypotheses of each (source ids, prefix ids[, constraint phrases, avoided phrases]) of `payloads` (in
+    order), in the translator's batches of decode.batch_tokens (and of one prefix length)."""
     src_ids = [p[0] for p in payloads]
     prefix_ids = [p[1] for p in payloads] if any(p[1] for p in payloads) else None
+    needs = [p[2] for p in payloads] if any(len(p) > 2 and p[2] for p in payloads) else None
+    avoids = [p[3] for p in payloads] if any(len(p) > 3 and p[3] for p in payloads) else None
     t = Translator(
         Stoppable(translator.model, stop),
         translator.tokenizer,
@@ -58,7 +60,9 @@ def search(translator: Translator, beam: int, nbest: int, payloads: list[Any], s
     with torch.inference_mode():
         for batch in t.batches(src_ids, list(range(len(src_ids))), prefix_ids):
             prefixes = [prefix_ids[i] for i in batch] if prefix_ids else None
-            for i, hyps in zip(batch, t.search([src_ids[i] for i in batch], prefixes)):
+            need = [needs[i] for i in batch] if needs else None
+            avoid = [avoids[i] for i in batch] if avoids else None
+            for i, hyps in zip(batch, t.search([src_ids[i] for i in batch], prefixes, need, avoid)):
                 found[i] = hyps
     return found
 

@@ -81,15 +81,18 @@ class ServedModel:
         }
 
     def encode(
-        self, lines: list[str], prefixes: list[str | None] | None = None
-    ) -> tuple[list[list[int]], list[list[int]], list[str]]:
-        """Source ids per line (cut to decode.max_src_len), target prefix ids per line ([] for none), and a warning
-        for each cut line, naming it (from 1)."""
+        self, lines: list[str], prefixes: list[str | None] | None = None, constraints=None, avoid=None
+    ) -> tuple[list[list[int]], list[tuple], list[str]]:
+        """Source ids per line (cut to decode.max_src_len); per line its search options (target prefix ids,
+        constraint and avoided phrases as ids); and a warning for each cut line, naming it (from 1)."""
         found: list[str] = []
         t = self.translator
         ids = Translator(t.model, t.tokenizer, t.decode, t.device, warn=found.append).encode(lines)
         prefix_ids = t.encode_prefixes(list(prefixes)) if prefixes else [[] for _ in lines]
-        return ids, prefix_ids, [message.removeprefix("warning: ") for message in found]
+        needs = t.encode_phrases([list(p) for p in constraints]) if constraints else None
+        avoids = t.encode_phrases([list(p) for p in avoid]) if avoid else None
+        options = [(prefix_ids[i], needs[i] if needs else [], avoids[i] if avoids else []) for i in range(len(lines))]
+        return ids, options, [message.removeprefix("warning: ") for message in found]
 
     @cached_property
     def aligner(self):

@@ -22,7 +22,7 @@ from typing import Any
 
 from nmt.config import ServeSettings
 
-FIELDS = ("text", "beam", "nbest", "attention", "model", "prefix", "alignments")
+FIELDS = ("text", "beam", "nbest", "attention", "model", "prefix", "alignments", "constraints", "avoid")
 JSON_TYPES = {
     dict: "object",
     list: "array",
@@ -56,6 +56,8 @@ class TranslateRequest:
     model: str
     prefixes: tuple[str | None, ...] | None = None  # per line, the target text its output starts with
     alignments: bool = False
+    constraints: tuple[tuple[str, ...], ...] | None = None  # per line, phrases its output must contain
+    avoid: tuple[tuple[str, ...], ...] | None = None  # per line, phrases its output must not contain
 
 
 MAX_DEPTH = 32  # JSON nesting a valid request never comes near (it has depth 2)
@@ -185,7 +187,32 @@ def parse_request(
     if not isinstance(alignments, bool):
         raise RequestError(422, "alignments", f"alignments={json.dumps(alignments)[:80]}: expected true or false")
     attention = attention_lines(fields, len(lines))
-    return TranslateRequest(lines, beam, nbest, attention, model, prefix_lines(fields, len(lines)), alignments)
+    prefixes = prefix_lines(fields, len(lines))
+    needs, avoids = phrase_lines(fields, "constraints", len(lines)), phrase_lines(fields, "avoid", len(lines))
+    if (needs or avoids) and prefixes:
+        raise RequestError(422, "constraints", "constraints or avoid with a prefix: not supported together")
+    return TranslateRequest(lines, beam, nbest, attention, model, prefixes, alignments, needs, avoids)
+
+
+def phrase_lines(body: dict[str, Any], name: str, count: int) -> tuple[tuple[str, ...], ...] | None:
+    """body[name]: a list of target phrases for every line, or one list per line."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(p, str) for p in value):
+        value = [value] * count
+    if (
+        not isinstance(value, list)
+        or len(value) != count
+        or not all(isinstance(line, list) and all(isinstance(p, str) for p in line) for line in value)
+    ):
+        raise RequestError(
+            422, name, f"{name}={json.dumps(value)[:80]}: expected a list of strings, or one list per line ({count})"
+        )
+    for i, line in enumerate(value):
+        if any(SURROGATE.search(p) for p in line):
+            raise RequestError(400, name, f"{name}[{i}]: holds a lone surrogate, which is not Unicode text")
+    return tuple(tuple(line) for line in value)
 
 
 def prefix_lines(body: dict[str, Any], count: int) -> tuple[str | None, ...] | None:
