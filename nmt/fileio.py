@@ -34,7 +34,8 @@ def atomic_open(path: str | Path, mode: str = "w", key: str = "output") -> Itera
     """
     path = Path(path)
     if not path.parent.is_dir():
-        raise NmtError(f"{key}={path}: directory {path.parent} does not exist")
+        what = "is a file, not a directory" if path.parent.exists() else "does not exist"
+        raise NmtError(f"{key}={path}: directory {path.parent} {what}")
     if path.is_dir():
         raise NmtError(f"{key}={path}: is a directory, expected a file name")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

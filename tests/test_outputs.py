@@ -79,3 +79,26 @@ def test_commands_refuse_to_overwrite_their_inputs(run_dir, toy_dir, tmp_path, c
     newest = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1]
     code, _, err = cli(average.main, [f"run={run_dir}", "last=2", f"output={newest}"], capsys)
     one_error_line(code, err, f"error: output={newest}: is the input run=")
+
+
+def test_a_folder_setting_given_a_file_is_one_line(tmp_path, capsys):
+    """run_dir= and out= name folders; a file there is refused before any work, naming the key."""
+    from nmt.cli import compare, train
+    from tests.test_cli import cli
+    from tests.test_errors import one_error_line
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    code, _, err = cli(compare.main, ["experiment=compare_attention_toy", f"out={afile}"], capsys)
+    one_error_line(code, err, f"error: out={afile}: is a file, expected a folder")
+    code, _, err = cli(train.main, ["experiment=quickstart", f"run_dir={afile}", "data.root=/nonexistent"], capsys)
+    one_error_line(code, err, f"error: run_dir={afile}: is a file, expected a folder")
+    from nmt.errors import NmtError
+    from nmt.fileio import atomic_open
+
+    try:
+        with atomic_open(afile / "x", key="output"):
+            pass
+    except NmtError as err:
+        assert str(err) == f"output={afile}/x: directory {afile} is a file, not a directory"
+    assert afile.read_text() == "mine\n"

@@ -132,6 +132,8 @@ def main(argv: list[str]) -> None:
         if extra:
             raise NmtError(f"report_only=true trains nothing, so nmt-train settings have no effect: {' '.join(extra)}")
         out = Path(where.out)
+        if out.exists() and not out.is_dir():
+            raise NmtError(f"out={out}: is a file, expected a comparison's folder")
         plan = saved_plan(out, mine)
         check_scored(out, plan)
         print(build_report(out, plan))
@@ -139,6 +141,8 @@ def main(argv: list[str]) -> None:
         return
     cfg: CompareConfig = compose("compare", mine)
     out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise NmtError(f"out={out}: is a file, expected a folder (new, or a comparison's to continue)")
     if not cfg.overrides:
         raise NmtError(
             "no variants to compare: give experiment=NAME (recipes/experiment/compare_*.yaml) or "

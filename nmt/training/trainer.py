@@ -56,6 +56,8 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self, cfg: Config, run_dir: Path, log: Callable[[str], None] | None = None, checkpoint: dict | None = None
     ):
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise NmtError(f"run_dir={self.run_dir}: is a file, expected a folder (new, or a run's to resume)")
         train = cfg.train
         self.dist = Distributed.from_env()
         self.log = RunLog(log, enabled=self.dist.main)
