@@ -40,9 +40,17 @@ def test_progress_lines_go_to_train_log(toy_dir, cache, tmp_path):
     ]
     assert [line.split(" |")[0] for line in lines] == ["step 2/4", "step 4/4"]
     assert all(
-        " | epoch 0." in line and " loss " in line and " ppl " in line and " lr " in line and "ETA" in line
+        " | epoch 0." in line and " loss " in line and " (label-smoothed) " in line and " lr " in line and "ETA" in line
         for line in lines
-    ), lines
+    ), lines  # the smoothed loss's exponent is no perplexity, so none is shown
+    from nmt.compare.curves import read_curve
+
+    assert [step for step, *_ in read_curve(tmp_path / "run" / "train.log", 4, 1.0).train] == [2, 4]
+    plain = tiny_config(toy_dir, cache, max_steps=2, log_every=2, valid_every=100, label_smoothing=0.0)
+    Trainer(plain, tmp_path / "plain", log=lambda line: None).fit()
+    line = next(x for x in (tmp_path / "plain" / "train.log").read_text().splitlines() if "tok/s" in x)
+    loss, ppl = float(line.split(" loss ")[1].split()[0]), float(line.split(" ppl ")[1].split()[0])
+    assert abs(ppl - 2.718281828**loss) < 0.1 * ppl  # without smoothing, a perplexity
 
 
 def test_accumulated_batches_give_the_update_of_one_batch_holding_them(toy_dir, cache, tmp_path):

@@ -1,7 +1,9 @@
 """Learning curves read back from a run's train.log (the lines nmt.training.progress and validation write).
 
-    step 400/10000 | epoch 1.35 | loss 4.213 ppl 67.6 | lr 1.00e-03 | 2,410 tok/s | 3m12s | ETA 1h17m
+    step 400/10000 | epoch 1.35 | loss 4.213 (label-smoothed) | lr 1.00e-03 | 2,410 tok/s | 3m12s | ETA 1h17m
     step 400 | valid loss 3.986 ppl 53.84 | BLEU 12.31 chrF 40.12 (...)
+
+(logs written before 2026-12-02, and runs without label smoothing, show `ppl X` in place of `(label-smoothed)`).
 
 The progress lines give the seconds of training at a step by the run's budget clock (validation and
 checkpoint saving not counted; cumulative over resumes); a validation step between two of them gets the
@@ -18,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 PROGRESS = re.compile(
-    r"^step (\d+)/\d+ \| epoch [\d.]+ \| loss ([\d.]+|nan|inf) ppl \S+ \| lr \S+ \| [\d,]+ tok/s \| (\S+)"
+    r"^step (\d+)/\d+ \| epoch [\d.]+ \| loss ([\d.]+|nan|inf) (?:ppl \S+|\(label-smoothed\)) \| lr \S+ "
+    r"\| [\d,]+ tok/s \| (\S+)"
 )
 VALID = re.compile(r"^step (\d+) \| valid loss ([\d.]+|nan|inf) ppl (\S+) \| BLEU ([\d.]+) chrF ([\d.]+)")
 DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")

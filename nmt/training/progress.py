@@ -3,7 +3,7 @@
 Every `train.log_every` updates one line goes to train.log and stdout, so a run in the background
 (`nohup`, a batch job) shows its progress in its log as established toolkits do:
 
-    step 400/10000 | epoch 1.35 | loss 4.213 ppl 67.6 | lr 1.00e-03 | 2,410 tok/s | 3m12s | ETA 1h17m
+    step 400/10000 | epoch 1.35 | loss 4.213 (label-smoothed) | lr 1.00e-03 | 2,410 tok/s | 3m12s | ETA 1h17m
 
 (target tokens per second over the window; ETA to the nearest of train.max_steps and train.max_time).
 A tqdm bar is drawn as well when stderr is a terminal. With torchrun, only rank 0 writes.
@@ -102,11 +102,13 @@ class Progress:
         step: int,
         elapsed: float,
         bar: bool,
+        smoothed: bool = False,
     ):
-        """tb_dir None: no TensorBoard and no bar (ranks other than 0). `step`/`elapsed`: where this fit starts."""
+        """tb_dir None: no TensorBoard and no bar (ranks other than 0). `step`/`elapsed`: where this fit starts.
+        smoothed: the training loss is label-smoothed, so its exponent is no perplexity and is not shown as one."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self.log, self.max_steps, self.max_time_s = log, max_steps, max_time_s
+        self.log, self.max_steps, self.max_time_s, self.smoothed = log, max_steps, max_time_s, smoothed
         self.first_step, self.first_elapsed = step, elapsed  # a resumed run's ETA uses the pace of its own steps
         self.writer = SummaryWriter(str(tb_dir)) if tb_dir is not None else None
         self.bar = tqdm(
@@ -131,8 +133,9 @@ class Progress:
         loss, speed = w.mean_loss, w.tokens_per_s
         eta = self.eta(step, elapsed)
         self.log(
-            f"step {step}/{self.max_steps} | epoch {epoch:.2f} | loss {loss:.3f} ppl {math.exp(min(loss, 50)):.1f} | "
-            f"lr {lr:.2e} | {speed:,.0f} tok/s | {duration(elapsed)}"
+            f"step {step}/{self.max_steps} | epoch {epoch:.2f} | loss {loss:.3f} "
+            + ("(label-smoothed)" if self.smoothed else f"ppl {math.exp(min(loss, 50)):.1f}")
+            + f" | lr {lr:.2e} | {speed:,.0f} tok/s | {duration(elapsed)}"
             + (f" | ETA {duration(eta)}" if eta is not None else "")
         )
         self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:.0f}")

@@ -242,6 +242,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
             self.step,
             self.elapsed(),
             cfg.progress,
+            smoothed=cfg.label_smoothing > 0,
         )
         try:
             self._loop(progress, total, max_time_s)
