@@ -513,7 +513,7 @@ class ExportConfig:
     """nmt-export: a trained Transformer converted for an inference engine."""
 
     checkpoint: str = MISSING  # a checkpoint file or a run dir (its best checkpoint)
-    format: str = key("ctranslate2", one_of("ctranslate2"))
+    format: str = key("ctranslate2", one_of("ctranslate2", "hf"))  # hf: Hugging Face Transformers
     out: str = MISSING  # the model directory to write (must not exist yet, or be empty)
     quantization: Optional[str] = key(
         None, one_of("int8", "int8_float32", "int16", "float16", "bfloat16")

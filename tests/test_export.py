@@ -169,3 +169,70 @@ def test_beam_5_equals_ours_where_the_length_penalties_agree(corpus, tmp_path, c
     picked = [r.hypotheses[rerank(r.hypotheses, r.scores, 1.0)] for r in nbest]
     agree = sum([tokenizer.tgt.piece_to_id(p) for p in h] == o for h, o in zip(picked, ours))
     assert agree >= 0.9 * len(ours)
+
+
+# --- Hugging Face Transformers ---
+
+
+def hf_outputs(hf, ids, beam):
+    """Transformers' outputs as our token lists (its first token is the decoder start; it stops at the first EOS)."""
+    with torch.no_grad():
+        rows = hf.generate(**ids, num_beams=beam, max_new_tokens=20, length_penalty=0.0, early_stopping=beam > 1)
+    out = []
+    for row in rows.tolist():
+        tokens = row[1:]
+        out.append(tokens[: tokens.index(3)] if 3 in tokens else [t for t in tokens if t != 0])
+    return out
+
+
+@pytest.mark.parametrize("norm, scale, arch", [("pre", True, "pegasus"), ("post", False, "marian")])
+def test_hf_export_loads_in_transformers_and_translates_as_ours(norm, scale, arch, corpus, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    import json
+
+    path, model, tokenizer = checkpoint(tmp_path, corpus, True, norm, scale, steps=150)
+    code, _, err = cli(
+        export.main, [f"checkpoint={path}", "format=hf", f"out={tmp_path / 'hf'}", "max_positions=128"], capsys
+    )
+    assert code == 0, err
+    notes = json.loads((tmp_path / "hf" / "nmt_export.json").read_text())
+    assert notes["architecture"] == arch
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "hf")).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert hf.config.model_type == arch
+    _, _, test_src, _ = corpus
+    src = test_src[:50]
+    ids = hf_tok(src, return_tensors="pt", padding=True)
+    for row, ours in enumerate(tokenizer.encode_src(src)):  # the tokenizer round-trips: ids, then text
+        assert ids["input_ids"][row][ids["attention_mask"][row].bool()].tolist() == ours + [3]
+    assert hf_tok.batch_decode(tokenizer.encode_src(src[:5]), skip_special_tokens=True) == [
+        " ".join(line.split()) for line in src[:5]
+    ]
+    for beam in (1, 5):
+        decode = DecodeConfig(beam=beam, alpha=0.0, max_len_a=0, max_len_b=20)
+        ours = [
+            r.hyps[0].tokens for r in Translator(model, tokenizer, decode, torch.device("cpu")).translate_lines(src)
+        ]
+        assert hf_outputs(hf, ids, beam) == ours, f"beam {beam}"
+    # text in, text out, as a Transformers user would (Transformers 5 has no "translation" pipeline any more)
+    with torch.no_grad():
+        generated = hf.generate(**ids, max_new_tokens=20)  # the exported generation config: the run's beam (1)
+    texts = hf_tok.batch_decode(generated, skip_special_tokens=True)
+    decode = DecodeConfig(beam=1, max_len_a=0, max_len_b=20)
+    assert texts == Translator(model, tokenizer, decode, torch.device("cpu")).translate(src)
+
+
+def test_hf_export_refuses_what_it_cannot_take(corpus, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    path, _, _ = checkpoint(tmp_path, corpus, False, "post", True, steps=2)
+    code, _, err = cli(export.main, [f"checkpoint={path}", "format=hf", f"out={tmp_path / 'hf'}"], capsys)
+    assert code == 2 and "separate source and target vocabularies; format=hf exports models with a joint" in err
+    code, _, err = cli(
+        export.main, [f"checkpoint={path}", "format=hf", f"out={tmp_path / 'hf2'}", "quantization=int8"], capsys
+    )
+    assert code == 2 and "quantization=int8: format=hf writes float32 weights" in err
+
+
+def test_an_ensemble_is_refused_naming_what_to_do(tmp_path, capsys):
+    code, _, err = cli(export.main, ["checkpoint=a.pt,b.pt", "format=hf", f"out={tmp_path / 'x'}"], capsys)
+    assert code == 2 and "checkpoint=a.pt,b.pt: several checkpoints (an ensemble); nmt-export writes one model" in err

@@ -7,14 +7,16 @@ import sys
 import torch
 
 from nmt.cli.common import compose, print_help, run
+from nmt.errors import NmtError
 
 USAGE = """
-usage: nmt-export checkpoint=PATH format=ctranslate2 out=DIR [quantization=int8|int8_float32|int16|float16|bfloat16] [max_positions=N]
+usage: nmt-export checkpoint=PATH format=ctranslate2|hf out=DIR [quantization=int8|int8_float32|int16|float16|bfloat16] [max_positions=N]
 
 Convert a Transformer checkpoint (a file or a run dir) into a CTranslate2 model directory, with the
 SentencePiece model beside it (needs `pip install 'nmt-attention[ct2]'`). Examples:
   nmt-export checkpoint=runs/quickstart format=ctranslate2 out=exported/quickstart
   nmt-export checkpoint=runs/m30k/checkpoints/best.pt format=ctranslate2 out=m30k_ct2 quantization=int8
+  nmt-export checkpoint=runs/m30k format=hf out=m30k_hf     # Hugging Face Transformers (pip install 'nmt-attention[hf]')
 Then, in Python:
   import ctranslate2, sentencepiece as spm
   sp = spm.SentencePieceProcessor(model_file="exported/quickstart/sentencepiece.model")
@@ -26,7 +28,12 @@ Then, in Python:
 def main(argv: list[str]) -> None:
     if "-h" in argv or "--help" in argv:
         return print_help(USAGE)
-    cfg = compose("export", argv)
+    cfg = compose("export", [a.replace(",", "\\,") if a.startswith("checkpoint=") else a for a in argv])
+    if "," in cfg.checkpoint:
+        raise NmtError(
+            f"checkpoint={cfg.checkpoint}: several checkpoints (an ensemble); nmt-export writes one model: give one "
+            "checkpoint, or average them first (nmt-average)"
+        )
     from nmt.export.ctranslate2 import export_ctranslate2
     from nmt.fileio import check_outputs
     from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint
@@ -34,7 +41,16 @@ def main(argv: list[str]) -> None:
     payload = load_checkpoint(cfg.checkpoint)
     check_outputs({"checkpoint": payload["path"]}, {"out": cfg.out}, folders=("out",))
     model, tokenizer, train_cfg = model_from_checkpoint(payload, torch.device("cpu"))
-    out = export_ctranslate2(model, train_cfg, tokenizer, cfg.out, cfg.quantization, cfg.max_positions, payload["path"])
+    if cfg.format == "hf":
+        from nmt.export.hf import export_hf
+
+        if cfg.quantization:
+            raise NmtError(f"quantization={cfg.quantization}: format=hf writes float32 weights; leave it unset")
+        out = export_hf(model, train_cfg, tokenizer, cfg.out, min(cfg.max_positions, 1024), payload["path"])
+    else:
+        out = export_ctranslate2(
+            model, train_cfg, tokenizer, cfg.out, cfg.quantization, cfg.max_positions, payload["path"]
+        )
     print(
         f"wrote {out} ({cfg.format}, {cfg.quantization or 'float32'} weights) from {payload['path']}", file=sys.stderr
     )
