@@ -36,6 +36,7 @@ import torch
 from nmt.config import Config
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
+from nmt.export import export_target
 from nmt.models.seq2seq import Seq2Seq
 from nmt.models.transformer import MultiHeadAttention, Residual, sinusoidal_positions
 
@@ -178,11 +179,7 @@ def export_ctranslate2(
             f"checkpoint={source}: a model.arch={cfg.model.arch} model; CTranslate2 runs Transformers only, so "
             "format=ctranslate2 cannot export it"
         )
-    target = Path(out)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise NmtError(f"out={out}: already exists and is not an empty directory; choose a new directory")
-    if not target.parent.is_dir():
-        raise NmtError(f"out={out}: directory {target.parent} does not exist")
+    target = export_target(out)
     ctranslate2 = _ct2()
 
     class NmtConverter(ctranslate2.converters.Converter):

@@ -38,6 +38,7 @@ import torch
 from nmt.config import Config
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.errors import NmtError
+from nmt.export import export_target
 from nmt.models.seq2seq import Seq2Seq
 from nmt.models.transformer import sinusoidal_positions
 
@@ -113,11 +114,7 @@ def export_hf(model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, out: str, max_p
             f"checkpoint={source}: separate source and target vocabularies; format=hf exports models with a joint "
             "vocabulary (data.joint_vocab=true) only"
         )
-    target = Path(out)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise NmtError(f"out={out}: already exists and is not an empty directory; choose a new directory")
-    if not target.parent.is_dir():
-        raise NmtError(f"out={out}: directory {target.parent} does not exist")
+    target = export_target(out)
     transformers = _transformers()
     decoder = model.decoder
     vocab, dim = decoder.output.out_features, m.dim
