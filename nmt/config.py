@@ -454,6 +454,10 @@ class CompareConfig:
     extra: list[str] = field(default_factory=list)  # the command line's nmt-train KEY=VALUE, applied to every variant
     variants: list[str] = field(default_factory=list)  # the variants to run, in this order (empty: all of `overrides`)
     seeds: list[int] = field(default_factory=lambda: [1])  # train.seed values; every variant runs with each
+    # A time budget frozen in updates: variant -> its train.max_steps (e.g. the updates each variant made in the same
+    # minutes of training on one host), so the budget stays matched on any host; every variant needs one. Empty:
+    # all variants share train.max_steps.
+    matched_steps: dict[str, int] = field(default_factory=dict)
     baseline: Optional[str] = (
         None  # the variant the others are tested against (default, or when not among `variants`: the first)
     )
@@ -498,6 +502,18 @@ class CompareConfig:
         )
         for name in self.variants + ([self.baseline] if self.baseline else []):
             require(name in self.overrides, f"variants: no variant named '{name}'; {known}")
+        for name, steps in self.matched_steps.items():
+            require(name in self.overrides, f"matched_steps.{name}: no variant named '{name}'; {known}")
+            require(
+                isinstance(steps, int) and steps >= 1,
+                f"matched_steps.{name}={steps}: expected a number of updates >= 1",
+            )
+        if self.matched_steps:
+            missing = [name for name in self.selected() if name not in self.matched_steps]
+            require(
+                not missing,
+                f"matched_steps: no updates given for {', '.join(missing)}; with matched_steps every variant needs one",
+            )
 
     def selected(self) -> list[str]:
         """The variants this comparison runs, in order."""

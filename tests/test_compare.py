@@ -4,6 +4,7 @@ and a SIGKILL in the middle."""
 import csv
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -218,6 +219,31 @@ def test_a_run_dir_with_other_settings_is_not_taken_for_finished(compared, toy_d
     args = compare_args(toy_dir, compared, steps=7) + ["train.threads=1"]  # the runs there made 6 updates
     code, _, err = cli(compare.main, args, capsys)
     one_error_line(code, err, "holds a run with other settings (train.max_steps: 6 -> 7)")
+
+
+def test_matched_steps_give_each_variant_its_own_updates_and_keep_runs_that_made_them(
+    compared, toy_dir, tmp_path, capsys
+):
+    """A time budget frozen in updates: runs that finished under another budget but made exactly the variant's
+    updates are kept (skipped), others are refused; every variant needs a count; train.max_steps cannot be given."""
+    out = tmp_path / "report"
+    shutil.copytree(compared, out)
+    args = [a for a in compare_args(toy_dir, out) if not a.startswith("train.max_steps")] + ["train.threads=1"]
+    matched = ["matched_steps.transformer=6", "matched_steps.luong_local_p=6"]
+    code, said, err = cli(compare.main, args + matched + ["train.max_time=30"], capsys)  # other budget, same updates
+    assert code == 0, err
+    assert (said + err).count("finished earlier") == 2
+    assert "each variant's own number of updates (`matched_steps`" in (out / "report.md").read_text()
+    part = json.loads((out / "runs" / "transformer" / "seed1" / "conditions.json").read_text())[-1]
+    assert part["precision"] in ("fp32", "bf16") and part["cpu"]  # as resolved on this host, and the host's CPU
+    code, _, err = cli(compare.main, args + ["matched_steps.transformer=7", "matched_steps.luong_local_p=6"], capsys)
+    one_error_line(code, err, "holds a run with other settings (train.max_steps: 6 -> 7)")
+    code, _, err = cli(compare.main, args + ["matched_steps.transformer=6"], capsys)
+    one_error_line(code, err, "error: matched_steps: no updates given for luong_local_p; with matched_steps every")
+    code, _, err = cli(compare.main, args + matched + ["train.max_steps=6"], capsys)
+    one_error_line(code, err, "error: train.max_steps: the comparison sets each variant's from matched_steps")
+    code, _, err = cli(compare.main, args + matched + ["matched_steps.lstm=6"], capsys)
+    one_error_line(code, err, "error: matched_steps.lstm: no variant named 'lstm'")
 
 
 def test_forced_attention_is_the_attention_of_greedy_search():

@@ -82,6 +82,9 @@ def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
         assert model.arch == expected_arch, name
         if "model.score=" in overrides:
             assert f"model.score={model.score}" in overrides, name
+    for plan in plans:  # a budget frozen in updates reaches every run
+        if cfg.matched_steps:
+            assert plan.config.train.max_steps == cfg.matched_steps[plan.variant] and plan.config.train.max_time is None
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")

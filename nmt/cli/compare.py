@@ -34,7 +34,8 @@ comparison continues where it stopped when run again with the same out=. Example
   nmt-compare report_only=true out=runs/compare_toy baseline=bahdanau
 Each variant is tested against the baseline twice: a paired bootstrap over test sentences (all seeds of a
 sentence drawn together) and, with 3+ seeds, Welch's t-test over seeds; sig. is yes when both say so after
-Holm's correction. train.max_time counts training only (train.budget_clock=wall|cpu).
+Holm's correction. train.max_time counts training only (train.budget_clock=wall|cpu). matched_steps.NAME=N
+gives each variant its own updates (a time budget frozen in updates, the same on any host).
 """
 
 COMPARE_KEYS = {f.name for f in fields(CompareConfig)} | {"experiment"}
@@ -68,8 +69,8 @@ def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
                     + ",".join(f"'{item.strip()}'" for item in value[1:-1].split(",") if item.strip())
                     + "]"
                 )
-            if key.startswith("overrides."):
-                argument = "++" + argument.lstrip("+")  # defines a new variant or replaces one
+            if key.startswith(("overrides.", "matched_steps.")):
+                argument = "++" + argument.lstrip("+")  # defines a new variant (or its updates) or replaces one
             mine.append(argument)
         else:
             theirs.append(argument)
@@ -80,10 +81,13 @@ def plan_runs(cfg: CompareConfig, out: Path) -> list[PlannedRun]:
     """Each variant's training config composed once, then one run per seed; checks that they share data,
     budget and decoding."""
     bases = {}
+    if cfg.matched_steps and any(override_key(o) == "train.max_steps" for o in cfg.extra):
+        raise NmtError("train.max_steps: the comparison sets each variant's from matched_steps; change those instead")
     for name in cfg.selected():
+        steps = [f"train.max_steps={cfg.matched_steps[name]}"] if cfg.matched_steps else []
         try:
             bases[name] = compose(
-                "config", merge_overrides(cfg.shared, cfg.overrides[name], cfg.extra, ["train.progress=false"])
+                "config", merge_overrides(cfg.shared, cfg.overrides[name], steps, cfg.extra, ["train.progress=false"])
             )
         except NmtError as err:
             raise NmtError(f"variant {name}: {err}") from None
@@ -92,7 +96,7 @@ def plan_runs(cfg: CompareConfig, out: Path) -> list[PlannedRun]:
         for name, base in bases.items():
             config = replace(base, run_dir=str(run_dir_for(out, name, seed)), train=replace(base.train, seed=seed))
             plans.append(PlannedRun(name, seed, config))
-    check_shared(plans)
+    check_shared(plans, matched_steps=bool(cfg.matched_steps))
     for plan in plans:
         check_existing(plan)
     return plans

@@ -14,7 +14,7 @@ import torch
 PACKAGES = ("torch", "sacrebleu", "sentencepiece", "numpy", "matplotlib", "hydra-core", "omegaconf", "datasets")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -73,7 +73,7 @@ def environment() -> dict:
         "python": sys.version.split()[0],
         "packages": {name: _version(name) for name in PACKAGES},
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "gpus": gpus,
         "torch_threads": torch.get_num_threads(),

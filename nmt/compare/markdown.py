@@ -517,7 +517,12 @@ def markdown_report(
         )
         + ". "
         + headline(summary)
-        + f" Budget per run: {budget(base_cfg) if base_cfg else NA}"
+        + (
+            " Budget per run: each variant's own number of updates (`matched_steps`: a time budget frozen in updates;"
+            " column *updates*)"
+            if plan.matched_steps
+            else f" Budget per run: {budget(base_cfg) if base_cfg else NA}"
+        )
         + (" **(budgets differ between runs)**" if len(budgets) > 1 else "")
         + ". "
         f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
@@ -538,8 +543,9 @@ def markdown_report(
         *[f"- **Note**: {note}." for note in summary["bootstrap"]["notes"]],
         *(
             [
-                "- **Note**: these runs trained under other conditions than the rest (threads, precision, batching or "
-                f"runs side by side; `RUN/conditions.json`): {', '.join(summary['consistency']['other_conditions'])}; "
+                "- **Note**: these runs trained under other conditions than the rest (threads, precision, batching, "
+                "runs side by side or the host's CPU; `RUN/conditions.json`): "
+                f"{', '.join(summary['consistency']['other_conditions'])}; "
                 "their speed and budget are not comparable."
             ]
             if summary["consistency"]["other_conditions"]

@@ -8,6 +8,7 @@ test split is copied into the report folder, where it must match what earlier se
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -75,12 +76,15 @@ def merge_overrides(*lists: list[str]) -> list[str]:
     return list(merged.values())
 
 
-def check_shared(plans: list[PlannedRun]) -> None:
-    """Every variant must share the data (hence the tokenizer and vocabulary), the budget and the decoding settings."""
+def check_shared(plans: list[PlannedRun], matched_steps: bool = False) -> None:
+    """Every variant must share the data (hence the tokenizer and vocabulary), the budget and the decoding settings
+    (with `matched_steps`, train.max_steps is the variant's own)."""
     first = flatten(asdict(plans[0].config))
     for plan in plans[1:]:
         flat = flatten(asdict(plan.config))
         for key in first:
+            if matched_steps and key == "train.max_steps":
+                continue
             if key.startswith(SAME_FOR_ALL) and flat[key] != first[key]:
                 raise NmtError(
                     f"variant {plan.variant}: {key}={flat[key]} but {plans[0].variant} has {first[key]}; every "
@@ -90,6 +94,19 @@ def check_shared(plans: list[PlannedRun]) -> None:
                 )
 
 
+def same_updates(plan: PlannedRun) -> bool:
+    """The run in the run dir finished (results.json) after exactly train.max_steps updates, not stopped early:
+    trained to these steps instead, it would be the same run (schedules that depend on the run's length aside)."""
+    path = plan.run_dir / "results.json"
+    if not path.is_file() or plan.config.train.schedule == "cosine":
+        return False
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return False
+    return results.get("steps") == plan.config.train.max_steps and not results.get("early_stopped")
+
+
 def check_existing(plan: PlannedRun) -> None:
     """A run dir left by an earlier nmt-compare must hold a run with exactly these settings."""
     saved_path = plan.run_dir / "config.yaml"
@@ -97,6 +114,8 @@ def check_existing(plan: PlannedRun) -> None:
         return
     saved: Config = config_from_yaml(saved_path.read_text(encoding="utf-8"))
     differences = [d for d in config_differences(saved, plan.config) if d.split(":")[0] not in IGNORED]
+    if differences and all(d.split(":")[0] in BUDGET for d in differences) and same_updates(plan):
+        return  # a finished run whose budget was given otherwise (e.g. in minutes) but bought exactly these updates
     if differences:
         raise NmtError(
             f"{plan.run_dir}: holds a run with other settings ({'; '.join(differences[:3])}); "

@@ -29,12 +29,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from nmt.compare.environment import cpu_model
 from nmt.compare.evaluate import EVAL, TestSet, eval_settings, evaluate_run
 from nmt.compare.plan import PlannedRun
 from nmt.config import Config
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
+from nmt.runtime import resolve_device
 from nmt.training.checkpoint import LAST, load_checkpoint
+from nmt.training.precision import resolve_precision
 from nmt.training.progress import duration
 
 RESULTS, CONDITIONS = "results.json", "conditions.json"
@@ -57,9 +60,17 @@ def changed_settings(run_dir: Path, settings: dict) -> str:
     return "; ".join(f"{k}: {scored.get(k, 'not recorded')} -> {v}" for k, v in settings.items() if scored.get(k) != v)
 
 
+def used_precision(name: str, device: str) -> str:
+    """The precision a run trains in (`auto` resolved on this host: bf16 where the CPU or GPU has it, else fp32)."""
+    try:
+        return resolve_precision(name, resolve_device(device))
+    except NmtError:  # the trainer reports a bad device itself
+        return name
+
+
 def record_conditions(plan: PlannedRun, jobs: int, step: int) -> None:
     """Append how this part of the run trains to RUN/conditions.json
-    (runs side by side, threads, precision, batching)."""
+    (runs side by side, threads, precision as resolved here, batching, the host's CPU)."""
     path = plan.run_dir / CONDITIONS
     parts = json.loads(path.read_text()) if path.is_file() else []
     train = plan.config.train
@@ -68,11 +79,12 @@ def record_conditions(plan: PlannedRun, jobs: int, step: int) -> None:
             "from_step": step,
             "jobs": jobs,
             "threads": train.threads,
-            "precision": train.precision,
+            "precision": used_precision(train.precision, train.device),
             "batch_tokens": train.batch_tokens,
             "accumulate": train.accumulate,
             "budget_clock": train.budget_clock,
             "device": train.device,
+            "cpu": cpu_model(),
         }
     )
     plan.run_dir.mkdir(parents=True, exist_ok=True)

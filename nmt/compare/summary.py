@@ -215,15 +215,17 @@ CONDITIONS = (
     "budget_clock",
     "jobs",
     "device",
+    "cpu",
 )  # how a run trained
 
 
 def run_conditions(run: RunRecord) -> list[tuple]:
     """The training conditions of each part of a run (a resumed run has several): RUN/conditions.json,
     else results.json."""
-    parts = run.conditions or [
-        {"threads": (run.results or {}).get("threads"), "precision": (run.results or {}).get("precision")}
-    ]
+    results = run.results or {}
+    parts = run.conditions or [{"threads": results.get("threads"), "precision": results.get("precision")}]
+    # Records from before the precision was resolved say `auto`: results.json says what it became.
+    parts = [{**p, "precision": results.get("precision", "auto")} if p.get("precision") == "auto" else p for p in parts]
     return [tuple(part.get(key) for key in CONDITIONS) for part in parts]
 
 
@@ -262,7 +264,7 @@ def differences(check: dict) -> list[str]:
         "test_sha256": "test set",
         "decode": "decoding settings",
         "budget": "training budget",
-        "conditions": "training conditions (threads, precision, batching, runs side by side)",
+        "conditions": "training conditions (threads, precision, batching, runs side by side, CPU)",
     }
     return [label for key, label in names.items() if len(check[key]) > 1]
 
