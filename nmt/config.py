@@ -251,6 +251,8 @@ class DecodeConfig:
     # linear layers in bf16 or int8 for every search (nmt/models/quantize.py):
     # translate, evaluate, serve, validation, nmt-compare
     precision: str = key("fp32", one_of("fp32", "bf16", "int8"))
+    # a vocabulary map (nmt-shortlist): the output layer scores only each batch's candidate tokens
+    shortlist: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_fields(self, "decode.")
@@ -534,12 +536,30 @@ class ExportConfig:
     quantization: Optional[str] = key(
         None, one_of("int8", "int8_float32", "int16", "float16", "bfloat16")
     )  # weights as stored (None: float32)
+    shortlist: Optional[str] = None  # ctranslate2: a vocabulary map (nmt-shortlist) written beside it as vmap.txt
     max_positions: int = key(
         2048, at_least(1)
     )  # position table size: the longest source or output (subword tokens) the exported model takes
 
     def __post_init__(self) -> None:
         check_fields(self, "")
+
+
+@dataclass
+class ShortlistConfig:
+    """nmt-shortlist: a vocabulary shortlist (CTranslate2's vocabulary map) learned from a run's training corpus."""
+
+    checkpoint: str = MISSING  # a checkpoint file or a run dir: its tokenizer, and its data config's training split
+    out: str = MISSING  # the vocabulary map to write (decode.shortlist=OUT; nmt-export shortlist=OUT)
+    src: Optional[str] = None  # another parallel corpus to learn from: source file (with tgt), one sentence a line
+    tgt: Optional[str] = None
+    frequent: int = key(100, at_least(1))  # the most frequent target tokens, candidates in every batch
+    per_source: int = key(20, at_least(1))  # each source token's likeliest translations (IBM Model 1)
+    iterations: int = key(5, at_least(1))  # EM iterations of IBM Model 1
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
+        require((self.src is None) == (self.tgt is None), "src and tgt go together: give both files, or neither")
 
 
 def register_configs() -> None:
@@ -554,6 +574,7 @@ def register_configs() -> None:
     store.store(name="base_serve", node=ServeConfig)
     store.store(name="base_compare", node=CompareConfig)
     store.store(name="base_export", node=ExportConfig)
+    store.store(name="base_shortlist", node=ShortlistConfig)
 
 
 def to_object(cfg: DictConfig):

@@ -117,16 +117,18 @@ def scores_of(logits: torch.Tensor, step: int, min_len: int, history: torch.Tens
     return repetition.ban(log_probs(repetition.logits(logits, history), step, min_len), history)
 
 
-def prefill(model, tokens: torch.Tensor, enc: dict, state: dict):
+def prefill(model, tokens: torch.Tensor, enc: dict, state: dict, **step_args):
     """Teacher-force `tokens` (B, P) through the decoder: logits (B, P, V), the state after them, attention (B, P, S).
-    One pass where the decoder has one (`decoder.prefill`: the Transformer's), else a step per token (the RNNs and
-    ensembles, whose steps are sequential by nature)."""
+    One pass where the model or its decoder has one (`prefill`: the Transformer's, a shortlist's), else a step per
+    token (the RNNs and ensembles, whose steps are sequential by nature). `step_args` go to every step (output=)."""
+    if hasattr(model, "prefill"):
+        return model.prefill(tokens, enc, state, **step_args)
     decoder = getattr(model, "decoder", None)
     if decoder is not None and hasattr(decoder, "prefill"):
-        return decoder.prefill(tokens, enc, state)
+        return decoder.prefill(tokens, enc, state, **step_args)
     out, attn = [], []
     for i in range(tokens.size(1)):
-        logits, state, weights = model.step(tokens[:, i], enc, state)
+        logits, state, weights = model.step(tokens[:, i], enc, state, **step_args)
         out.append(logits)
         attn.append(weights)
     return torch.stack(out, 1), state, torch.stack(attn, 1)

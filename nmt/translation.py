@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -44,6 +45,8 @@ def decode_settings(decode: DecodeConfig) -> str:
         settings += f" no_repeat_ngram={decode.no_repeat_ngram_size}"
     if decode.repetition_penalty != 1.0:
         settings += f" repetition_penalty={decode.repetition_penalty}"
+    if decode.shortlist:
+        settings += f" shortlist={Path(decode.shortlist).name}"
     return settings + (f" precision={decode.precision}" if decode.precision != "fp32" else "")
 
 
@@ -88,6 +91,17 @@ class Translator:
         self.model, self.tokenizer, self.decode, self.device = model, tokenizer, decode, device
         self.warn = warn or (lambda message: print(message, file=sys.stderr))
         self.generator = torch.Generator(device=device).manual_seed(decode.seed)
+        self.shortlist = None
+        if decode.shortlist:
+            from nmt.shortlist import read_shortlist
+
+            self.shortlist = read_shortlist(decode.shortlist, tokenizer)
+            width = decode.nbest if decode.sampling else decode.beam
+            if len(self.shortlist.fixed) - 2 < width:
+                raise NmtError(
+                    f"decode.shortlist={decode.shortlist}: its {len(self.shortlist.fixed)} fixed candidates are "
+                    f"fewer than decode.beam={width} + 2; build it with more frequent tokens (nmt-shortlist frequent=N)"
+                )
         self.pool = (
             None  # a nmt.workers.SearchPool: batches are then searched in its processes (nmt-translate workers=N)
         )
@@ -103,6 +117,22 @@ class Translator:
         sentence's target prefix, all of one length (`batches` groups them so); every output starts with it.
         constraints / avoid: per sentence, target phrases (ids) its output must contain / must not contain
         (nmt.constraints: lexically constrained beam search)."""
+        if self.shortlist is None:
+            return self._search(self.model, src_ids, prefix_ids, constraints, avoid)
+        from nmt.shortlist import Shortlisted, local_ids
+
+        phrases = [p for group in (constraints or []) + (avoid or []) for p in group]
+        extra = [t for p in prefix_ids or [] for t in p] + [t for p in phrases for t in p]
+        vocab = self.shortlist.candidates(src_ids, extra)
+        local = lambda groups: (  # noqa: E731
+            [[tuple(local_ids(vocab, p)) for p in group] for group in groups] if groups else groups
+        )
+        prefixes = [local_ids(vocab, p) for p in prefix_ids] if prefix_ids else prefix_ids
+        model = Shortlisted(self.model, torch.tensor(vocab, dtype=torch.long, device=self.device))
+        found = self._search(model, src_ids, prefixes, local(constraints), local(avoid))
+        return [[replace(h, tokens=[vocab[t] for t in h.tokens]) for h in hyps] for hyps in found]
+
+    def _search(self, model, src_ids, prefix_ids, constraints, avoid) -> list[list[Hypothesis]]:
         d = self.decode
         batch = make_batch(src_ids).to(self.device)
         src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
@@ -116,7 +146,7 @@ class Translator:
 
             empty: list[list[tuple[int, ...]]] = [[] for _ in src_ids]
             return constrained_beam_search(
-                self.model,
+                model,
                 src,
                 mask,
                 max_len,
@@ -137,7 +167,7 @@ class Translator:
             if prefix is not None:
                 raise NmtError("a target prefix with decode.sampling=true: prefixes are for greedy and beam search")
             return sample_search(
-                self.model,
+                model,
                 src,
                 mask,
                 max_len,
@@ -151,8 +181,8 @@ class Translator:
                 rep,
             )
         if d.beam == 1:
-            return [[h] for h in greedy_search(self.model, src, mask, max_len, d.min_len, d.alpha, prefix, rep)]
-        return beam_search(self.model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest, prefix, rep)
+            return [[h] for h in greedy_search(model, src, mask, max_len, d.min_len, d.alpha, prefix, rep)]
+        return beam_search(model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest, prefix, rep)
 
     def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
         """Source ids per line, cut to decode.max_src_len with a warning naming the line

@@ -12,6 +12,7 @@ from nmt.models.seq2seq import build_model
 from nmt.training.checkpoint import save_checkpoint
 from nmt.translation import Translator
 from tests.test_cli import cli
+from tests.test_errors import one_error_line
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -169,6 +170,42 @@ def test_beam_5_equals_ours_where_the_length_penalties_agree(corpus, tmp_path, c
     picked = [r.hypotheses[rerank(r.hypotheses, r.scores, 1.0)] for r in nbest]
     agree = sum([tokenizer.tgt.piece_to_id(p) for p in h] == o for h, o in zip(picked, ours))
     assert agree >= 0.9 * len(ours)
+
+
+def test_a_shortlist_goes_with_the_export_and_ctranslate2_decodes_with_it_as_we_do(corpus, tmp_path, capsys):
+    """nmt-export shortlist=FILE writes it as vmap.txt; CTranslate2 with use_vmap=True and our decode.shortlist pick
+    the same outputs, greedy and beam 5, sentence by sentence (the candidates are a batch's)."""
+    from nmt.shortlist import build, write
+
+    path, model, tokenizer = checkpoint(tmp_path, corpus, True, "pre", True, steps=150)
+    src, tgt, test_src, _ = corpus
+    table = tmp_path / "vmap.tsv"
+    write(build(tokenizer, src, tgt, frequent=20, per_source=5), table)
+    out = tmp_path / "ct2"
+    code, _, err = cli(export.main, [f"checkpoint={path}", f"out={out}", f"shortlist={table}"], capsys)
+    assert code == 0, err
+    assert (out / "vmap.txt").read_bytes() == table.read_bytes()
+    engine = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    for beam in (1, 5):
+        decode = DecodeConfig(beam=beam, alpha=0.0, max_len_a=0, max_len_b=20, shortlist=str(table))
+        translator = Translator(model, tokenizer, decode, torch.device("cpu"))
+        differ = 0
+        for line in test_src[:25]:
+            ours = translator.translate_lines([line])[0].hyps[0].tokens
+            theirs = engine.translate_batch(
+                [tokenizer.src.encode(line, out_type=str)],
+                beam_size=beam,
+                length_penalty=0.0,
+                max_decoding_length=20,
+                use_vmap=True,
+                suppress_sequences=[["<pad>"], ["<s>"]],
+            )[0].hypotheses[0]
+            differ += [tokenizer.tgt.piece_to_id(p) for p in theirs] != ours
+        assert differ == 0, (beam, differ)
+    code, _, err = cli(
+        export.main, [f"checkpoint={path}", f"out={tmp_path}/hf", "format=hf", f"shortlist={table}"], capsys
+    )
+    one_error_line(code, err, "format=hf has no vocabulary map")
 
 
 # --- Hugging Face Transformers ---

@@ -19,6 +19,7 @@ from nmt.config import (
     EvaluateConfig,
     ExportConfig,
     ServeConfig,
+    ShortlistConfig,
     TranslateConfig,
     register_configs,
     to_object,
@@ -35,6 +36,7 @@ SCHEMAS = {
     "serve": ServeConfig,
     "compare": CompareConfig,
     "export": ExportConfig,
+    "shortlist": ShortlistConfig,
 }
 
 

@@ -10,13 +10,14 @@ from nmt.cli.common import compose, print_help, run
 from nmt.errors import NmtError
 
 USAGE = """
-usage: nmt-export checkpoint=PATH format=ctranslate2|hf out=DIR [quantization=int8|int8_float32|int16|float16|bfloat16] [max_positions=N]
+usage: nmt-export checkpoint=PATH format=ctranslate2|hf out=DIR [quantization=int8|int8_float32|int16|float16|bfloat16] [max_positions=N] [shortlist=FILE]
 
 Convert a Transformer checkpoint (a file or a run dir) into a CTranslate2 model directory, with the
 SentencePiece model beside it (needs `pip install 'nmt-attention[ct2]'`). Examples:
   nmt-export checkpoint=runs/quickstart format=ctranslate2 out=exported/quickstart
   nmt-export checkpoint=runs/m30k/checkpoints/best.pt format=ctranslate2 out=m30k_ct2 quantization=int8
   nmt-export checkpoint=runs/m30k format=hf out=m30k_hf     # Hugging Face Transformers (pip install 'nmt-attention[hf]')
+  nmt-export checkpoint=runs/m30k out=m30k_ct2 shortlist=m30k.vmap   # with a vocabulary map (nmt-shortlist): use_vmap=True
 Then, in Python:
   import ctranslate2, sentencepiece as spm
   sp = spm.SentencePieceProcessor(model_file="exported/quickstart/sentencepiece.model")
@@ -46,10 +47,12 @@ def main(argv: list[str]) -> None:
 
         if cfg.quantization:
             raise NmtError(f"quantization={cfg.quantization}: format=hf writes float32 weights; leave it unset")
+        if cfg.shortlist:
+            raise NmtError(f"shortlist={cfg.shortlist}: format=hf has no vocabulary map; it is for format=ctranslate2")
         out = export_hf(model, train_cfg, tokenizer, cfg.out, min(cfg.max_positions, 1024), payload["path"])
     else:
         out = export_ctranslate2(
-            model, train_cfg, tokenizer, cfg.out, cfg.quantization, cfg.max_positions, payload["path"]
+            model, train_cfg, tokenizer, cfg.out, cfg.quantization, cfg.max_positions, payload["path"], cfg.shortlist
         )
     print(
         f"wrote {out} ({cfg.format}, {cfg.quantization or 'float32'} weights) from {payload['path']}", file=sys.stderr

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from nmt.errors import NmtError
@@ -15,3 +19,18 @@ def export_target(out: str) -> Path:
     if not target.parent.is_dir():
         raise NmtError(f"out={out}: directory {target.parent} does not exist")
     return target
+
+
+@contextmanager
+def staged(target: Path, out: str) -> Iterator[Path]:
+    """A hidden folder beside `target` to write the export into; it becomes `target` only when the block succeeds,
+    so a failed export leaves nothing half-written. An OSError is one line naming out=."""
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except OSError as err:
+        raise NmtError(f"out={out}: cannot write ({err.strerror or err})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -27,7 +27,6 @@ Shape legend: V vocab, H model dim, P max_positions.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import torch
 from nmt.config import Config
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
-from nmt.export import export_target
+from nmt.export import export_target, staged
 from nmt.models.seq2seq import Seq2Seq
 from nmt.models.transformer import MultiHeadAttention, Residual, sinusoidal_positions
 
@@ -172,14 +171,20 @@ def export_ctranslate2(
     quantization: str | None,
     max_positions: int,
     source: str,
+    shortlist: str | None = None,
 ) -> Path:
-    """Write the CTranslate2 model directory `out` (it must not exist, or be empty); returns its path."""
+    """Write the CTranslate2 model directory `out` (it must not exist, or be empty); returns its path. `shortlist`:
+    a vocabulary map (nmt-shortlist), checked against the tokenizer and written as the model's vmap.txt."""
     if cfg.model.arch != "transformer":
         raise NmtError(
             f"checkpoint={source}: a model.arch={cfg.model.arch} model; CTranslate2 runs Transformers only, so "
             "format=ctranslate2 cannot export it"
         )
     target = export_target(out)
+    if shortlist:
+        from nmt.shortlist import Shortlist
+
+        Shortlist.read(shortlist, tokenizer, key="shortlist")  # a bad line is named before anything is written
     ctranslate2 = _ct2()
 
     class NmtConverter(ctranslate2.converters.Converter):
@@ -189,9 +194,7 @@ def export_ctranslate2(
             spec.register_target_vocabulary(_pieces(tokenizer.tgt))
             return spec
 
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with staged(target, out) as tmp:
         NmtConverter().convert(str(tmp), quantization=quantization)
         for name, data in (
             {"sentencepiece.model": tokenizer.src_model}
@@ -199,6 +202,8 @@ def export_ctranslate2(
             else {"source.model": tokenizer.src_model, "target.model": tokenizer.tgt_model}
         ).items():
             (tmp / name).write_bytes(data)
+        if shortlist:
+            shutil.copyfile(shortlist, tmp / "vmap.txt")  # CTranslate2 reads it there (translate_batch use_vmap=True)
         notes = {
             "from": source,
             "arch": "transformer",
@@ -207,11 +212,7 @@ def export_ctranslate2(
             "source": "SentencePiece pieces; </s> is appended by CTranslate2 (add_source_eos)",
             "decoder_start": "<s>",
             "decode": decode_record(cfg.decode),
+            **({"vmap": f"vmap.txt, from {shortlist}: translate_batch(..., use_vmap=True)"} if shortlist else {}),
         }
         (tmp / "nmt_export.json").write_text(json.dumps(notes, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError as err:
-        raise NmtError(f"out={out}: cannot write ({err.strerror or err})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -38,7 +36,7 @@ import torch
 from nmt.config import Config
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.errors import NmtError
-from nmt.export import export_target
+from nmt.export import export_target, staged
 from nmt.models.seq2seq import Seq2Seq
 from nmt.models.transformer import sinusoidal_positions
 
@@ -197,9 +195,7 @@ def export_hf(model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, out: str, max_p
         max_length=max_positions,
         **beam,
     )
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with staged(target, out) as tmp:
         tmp.mkdir()
         hf_model.save_pretrained(str(tmp))
         _write_tokenizer(tokenizer, tmp, max_positions)
@@ -221,11 +217,6 @@ def export_hf(model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, out: str, max_p
         }
         (tmp / "nmt_export.json").write_text(json.dumps(notes, indent=1) + "\n", encoding="utf-8")
         check_same(model, transformers.AutoModelForSeq2SeqLM.from_pretrained(str(tmp)).eval(), vocab)
-        os.replace(tmp, target)
-    except OSError as err:
-        raise NmtError(f"out={out}: cannot write ({err.strerror or err})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

@@ -46,11 +46,16 @@ class Ensemble(nn.Module):
     def init_state(self, enc: Enc) -> State:
         return _join([model.init_state(e) for model, e in zip(self.models, _split(enc, len(self.models)))])
 
-    def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
-        """prev (R,) -> mean log-probabilities (R, V), the new state, mean attention (R, S)."""
+    def step(
+        self, prev: torch.Tensor, enc: Enc, state: State, output: list[nn.Module] | None = None
+    ) -> tuple[torch.Tensor, State, torch.Tensor]:
+        """prev (R,) -> mean log-probabilities (R, V), the new state, mean attention (R, S); `output`: one
+        replacement output layer per model (a shortlist's rows)."""
         logps, states, attns = [], [], []
-        for model, e, s in zip(self.models, _split(enc, len(self.models)), _split(state, len(self.models))):
-            logits, new_state, attn = model.step(prev, e, s)
+        outputs = output or [None] * len(self.models)
+        parts = zip(self.models, _split(enc, len(self.models)), _split(state, len(self.models)), outputs)
+        for model, e, s, out in parts:
+            logits, new_state, attn = model.step(prev, e, s, output=out)
             logps.append(logits.float().log_softmax(-1))
             states.append(new_state)
             attns.append(attn.float())

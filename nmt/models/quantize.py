@@ -55,6 +55,15 @@ class Bf16Linear(nn.Module):
             rows = F.pad(rows, (0, 0, 0, bucket(count) - count))
         return F.linear(rows, self.weight, self.bias)[:count].float().view(*x.shape[:-1], -1)
 
+    def rows(self, index: torch.Tensor) -> Bf16Linear:
+        """This layer cut to the output units `index` (a vocabulary shortlist)."""
+        cut = Bf16Linear.__new__(Bf16Linear)
+        nn.Module.__init__(cut)
+        cut.in_features, cut.out_features = self.in_features, index.numel()
+        cut.register_buffer("weight", self.weight.index_select(0, index))
+        cut.register_buffer("bias", None if self.bias is None else self.bias.index_select(0, index))
+        return cut
+
 
 def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a (R, I) int8 @ b (I, O) int8 -> (R, O) int32 through torch._int_mm. On CUDA its kernel needs more than 16
@@ -96,6 +105,16 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             y = y.add_(self.bias)
         return y.view(*x.shape[:-1], -1)
+
+    def rows(self, index: torch.Tensor) -> Int8Linear:
+        """This layer cut to the output units `index` (a vocabulary shortlist)."""
+        cut = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(cut)
+        cut.in_features, cut.out_features = self.in_features, index.numel()
+        cut.register_buffer("weight_t", self.weight_t.index_select(1, index).contiguous())
+        cut.register_buffer("scale", self.scale.index_select(0, index))
+        cut.register_buffer("bias", None if self.bias is None else self.bias.index_select(0, index))
+        return cut
 
 
 LINEARS: dict[str, type[nn.Module]] = {"bf16": Bf16Linear, "int8": Int8Linear}

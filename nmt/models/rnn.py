@@ -158,10 +158,13 @@ class RNNDecoder(nn.Module):
         )
         return context.reshape(*rows, -1), weights.reshape(*rows, -1)
 
-    def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
-        """One token per sentence: prev (B,) -> logits (B, V), new state, attention (B, S)."""
+    def step(
+        self, prev: torch.Tensor, enc: Enc, state: State, output: nn.Module | None = None
+    ) -> tuple[torch.Tensor, State, torch.Tensor]:
+        """One token per sentence: prev (B,) -> logits (B, V), new state, attention (B, S); `output` replaces the
+        output layer (a shortlist's: V its rows)."""
         features, state, attn = self.advance(self.dropout(self.embed(prev)), enc, state)
-        return self.output(features), state, attn
+        return (output or self.output)(features), state, attn
 
     def features(
         self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False

@@ -7,7 +7,8 @@ An encoder maps (src (B, S), src_mask (B, S)) to `Enc`, a dict of tensors with t
     prepare(enc) -> Enc       adds what every step reads and that depends on the sentence only (cross-
                               attention keys and values, prepared attention keys), computed once
     init_state(enc) -> State
-    step(prev (R,), enc, state) -> (logits (R, V), State, attn (R, S))
+    step(prev (R,), enc, state, output=None) -> (logits (R, V), State, attn (R, S))
+                              (output: a layer that replaces `output` for this step, e.g. a shortlist's rows)
     features(tgt_in (B, T), enc, need_attn) -> (the output layer's input (B, T, E), attn (B, T, S) or None)
     output                    the output layer, E -> V
     forward(tgt_in (B, T), enc, need_attn) -> (logits (B, T, V), attn (B, T, S) or None)
@@ -61,8 +62,10 @@ class Seq2Seq(nn.Module):
     def init_state(self, enc: Enc) -> State:
         return self.decoder.init_state(enc)
 
-    def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
-        return self.decoder.step(prev, enc, state)
+    def step(
+        self, prev: torch.Tensor, enc: Enc, state: State, output: nn.Module | None = None
+    ) -> tuple[torch.Tensor, State, torch.Tensor]:
+        return self.decoder.step(prev, enc, state, output=output)
 
     def forward(
         self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor, live: torch.Tensor | None = None

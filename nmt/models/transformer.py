@@ -327,13 +327,17 @@ class TransformerDecoder(nn.Module):
         empty = enc["cross_k0"][:, :, :0]
         return {f"self_{kv}{i}": empty for i in range(len(self.layers)) for kv in "kv"}
 
-    def step(self, prev: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
+    def step(
+        self, prev: torch.Tensor, enc: Enc, state: State, output: nn.Module | None = None
+    ) -> tuple[torch.Tensor, State, torch.Tensor]:
         """One token per row: prev (R,) -> logits (R, V), new state, attention (R, S);
-        R // B rows per sentence of enc."""
-        logits, state, attn = self.prefill(prev[:, None], enc, state)
+        R // B rows per sentence of enc. `output` replaces the output layer (a shortlist's: V its rows)."""
+        logits, state, attn = self.prefill(prev[:, None], enc, state, output)
         return logits[:, 0], state, attn[:, 0]
 
-    def prefill(self, tokens: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
+    def prefill(
+        self, tokens: torch.Tensor, enc: Enc, state: State, output: nn.Module | None = None
+    ) -> tuple[torch.Tensor, State, torch.Tensor]:
         """P tokens per row in one pass (a target prefix; P = 1 is `step`): tokens (R, P) -> logits (R, P, V), the
         state after them, attention (R, P, S) (last layer, mean over heads), as teacher forcing computes them."""
         t = state["self_k0"].size(2)
@@ -348,7 +352,7 @@ class TransformerDecoder(nn.Module):
             x, (new_state[f"self_k{i}"], new_state[f"self_v{i}"]), weights = layer.step(
                 x, cache, cross, src_mask, i == len(self.layers) - 1
             )
-        logits = self.output(self.final_norm(x))  # (R, P, V)
+        logits = (output or self.output)(self.final_norm(x))  # (R, P, V)
         # last layer, mean over heads: (B, N, G * P, S) -> (R, P, S)
         return logits, new_state, weights.mean(1).reshape(rows, positions, -1)
 

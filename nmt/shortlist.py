@@ -1,0 +1,254 @@
+"""A vocabulary shortlist (Marian's lexical shortlist, CTranslate2's vocabulary map): per batch, the output layer
+scores only a few hundred candidate target tokens instead of the whole vocabulary.
+
+The candidates of a batch are the `frequent` most frequent target tokens, PAD/UNK/BOS/EOS, the tokens a batch's
+prefixes and constraints name, and each of its source tokens' likeliest translations, p(target | source) of IBM
+Model 1 (Brown et al. 1993) trained by EM on the training corpus (`build`). The search then runs over that small
+vocabulary: softmax over the candidates (as Marian and CTranslate2 do), token ids local to the batch, mapped
+back at the end. The candidates are sorted and start with the special ids 0..3, so those keep their ids and the
+search never asks whether a shortlist is on.
+
+The file is CTranslate2's vocabulary map (`vmap.txt`): one line per source piece, `PIECE<TAB>CANDIDATE ...`
+(target pieces, likeliest first), and a first line with an empty key listing the tokens always included; so
+`nmt-export format=ctranslate2 shortlist=FILE` writes it beside the model as it is.
+
+Shape legend: B batch, S source length, V full target vocabulary, W shortlist (candidates), E the output layer's
+input features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.data.tokenizer import EOS, Tokenizer
+from nmt.errors import NmtError
+from nmt.fileio import atomic_open
+
+SPECIALS = 4  # PAD, UNK, BOS, EOS: ids 0..3, always candidates (and so keep their ids in the shortlist)
+
+
+# --- building: IBM Model 1 -------------------------------------------------------------------------------------
+def ibm1(
+    src: list[list[int]], tgt: list[list[int]], src_vocab: int, tgt_vocab: int, iterations: int = 5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IBM Model 1 translation probabilities p(t | s) by EM over sentence pairs of ids (a NULL source word, id
+    src_vocab, takes what no source word explains). Returns the observed pairs (s, t) and p(t | s) of each,
+    as three arrays of one length (sparse: only pairs that co-occur in some sentence)."""
+    rows_s, rows_t, rows_sent = [], [], []
+    for k, (s, t) in enumerate(zip(src, tgt)):
+        if not t:
+            continue
+        s_ids = np.asarray(list(s) + [src_vocab], dtype=np.int64)  # + NULL
+        t_ids = np.asarray(t, dtype=np.int64)
+        rows_s.append(np.tile(s_ids, len(t_ids)))
+        rows_t.append(np.repeat(t_ids, len(s_ids)))
+        rows_sent.append(np.full(len(s_ids) * len(t_ids), k, dtype=np.int64))
+    if not rows_s:
+        raise NmtError("shortlist: the corpus has no sentence pair with a target; nothing to learn from")
+    s_all, t_all = np.concatenate(rows_s), np.concatenate(rows_t)
+    # one id per target position (the normaliser of E-step): runs of len(s)+1 consecutive rows
+    position = np.repeat(np.arange(sum(len(t) for t in tgt)), [len(s) + 1 for s, t in zip(src, tgt) for _ in t])
+    keys = s_all * tgt_vocab + t_all
+    pairs, pair_of = np.unique(keys, return_inverse=True)  # (P,) distinct (s, t); (N,) each row's pair
+    pair_s = pairs // tgt_vocab
+    prob = np.full(len(pairs), 1.0 / tgt_vocab)
+    for _ in range(iterations):
+        p = prob[pair_of]  # (N,)
+        z = np.bincount(position, weights=p)  # (positions,) sum over the sentence's source words
+        counts = np.bincount(pair_of, weights=p / z[position], minlength=len(pairs))  # expected counts c(s, t)
+        totals = np.bincount(pair_s, weights=counts, minlength=src_vocab + 1)  # c(s)
+        prob = counts / np.maximum(totals[pair_s], 1e-30)
+    return pair_s, pairs % tgt_vocab, prob
+
+
+def build(
+    tokenizer: Tokenizer,
+    src_lines: list[str],
+    tgt_lines: list[str],
+    frequent: int = 100,
+    per_source: int = 20,
+    iterations: int = 5,
+) -> dict[str, list[str]]:
+    """The vocabulary map: '' -> the `frequent` most frequent target pieces, and each source piece -> its
+    `per_source` likeliest translations under IBM Model 1 (pieces, likeliest first)."""
+    src, tgt = tokenizer.encode_src(src_lines), tokenizer.encode_tgt(tgt_lines)
+    counts = np.bincount(np.concatenate([np.asarray(t, dtype=np.int64) for t in tgt if t]), minlength=4)
+    counts[:SPECIALS] = 0
+    top = [int(i) for i in np.argsort(-counts, kind="stable")[:frequent] if counts[i] > 0]
+    pair_s, pair_t, prob = ibm1(src, tgt, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, iterations)
+    order = np.lexsort((-prob, pair_s))  # by source, likeliest first
+    pair_s, pair_t, prob = pair_s[order], pair_t[order], prob[order]
+    table: dict[str, list[str]] = {"": [tokenizer.tgt.id_to_piece(i) for i in top]}
+    starts = np.flatnonzero(np.r_[True, pair_s[1:] != pair_s[:-1]])
+    ends = np.r_[starts[1:], len(pair_s)]
+    for a, b in zip(starts, ends):
+        s = int(pair_s[a])
+        if s < SPECIALS or s >= tokenizer.src_vocab_size:  # specials and NULL have no line
+            continue
+        targets = [int(t) for t in pair_t[a:b] if t >= SPECIALS][:per_source]
+        if targets:
+            table[tokenizer.src.id_to_piece(s)] = [tokenizer.tgt.id_to_piece(t) for t in targets]
+    return table
+
+
+def write(table: dict[str, list[str]], path: str | Path, key: str = "out") -> None:
+    with atomic_open(Path(path), key=key) as f:
+        for source, targets in table.items():
+            f.write(f"{source}\t{' '.join(targets)}\n")
+
+
+# --- using ------------------------------------------------------------------------------------------------------
+class Shortlist:
+    """A vocabulary map read against a tokenizer: fixed candidates and, per source id, its candidates' ids."""
+
+    def __init__(self, fixed: list[int], by_source: dict[int, list[int]], tgt_vocab: int):
+        self.fixed = sorted(set(range(SPECIALS)) | set(fixed))
+        self.by_source = by_source
+        self.tgt_vocab = tgt_vocab
+
+    @classmethod
+    def read(cls, path: str, tokenizer: Tokenizer, key: str = "decode.shortlist") -> Shortlist:
+        """Read a vocabulary map; a line that is not `PIECE<TAB>PIECES` or names a piece the model's vocabulary lacks
+        is an error naming the file and line."""
+        file = Path(path)
+        if not file.is_file():
+            raise NmtError(f"{key}={path}: no such file; build one with nmt-shortlist checkpoint=RUN out={path}")
+        fixed: list[int] = []
+        by_source: dict[int, list[int]] = {}
+        src_unk, tgt_unk = tokenizer.src.unk_id(), tokenizer.tgt.unk_id()
+        with open(file, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                line = line.rstrip("\n")
+                if not line.strip():
+                    continue
+                if "\t" not in line:
+                    raise NmtError(f"{path}:{number}: expected SOURCE_PIECE<TAB>TARGET_PIECES (a vocabulary map)")
+                source, _, targets = line.partition("\t")
+                ids = []
+                for piece in targets.split():
+                    i = tokenizer.tgt.piece_to_id(piece)
+                    if i == tgt_unk and piece != tokenizer.tgt.id_to_piece(tgt_unk):
+                        raise NmtError(
+                            f"{path}:{number}: '{piece}' is not in the model's target vocabulary; "
+                            "was the shortlist built for another model?"
+                        )
+                    ids.append(i)
+                if source == "":
+                    fixed.extend(ids)
+                    continue
+                if " " in source:
+                    continue  # n-gram keys (CTranslate2 allows them): unigrams cover their tokens already
+                s = tokenizer.src.piece_to_id(source)
+                if s == src_unk and source != tokenizer.src.id_to_piece(src_unk):
+                    raise NmtError(
+                        f"{path}:{number}: '{source}' is not in the model's source vocabulary; "
+                        "was the shortlist built for another model?"
+                    )
+                by_source[s] = ids
+        return cls(fixed, by_source, tokenizer.tgt_vocab_size)
+
+    def candidates(self, src_ids: Iterable[Iterable[int]], extra: Iterable[int] = ()) -> list[int]:
+        """The sorted candidate ids of a batch: the fixed ones, each source token's, and `extra` (prefix and
+        constraint tokens)."""
+        found = set(self.fixed)
+        for sentence in src_ids:
+            for s in sentence:
+                found.update(self.by_source.get(s, ()))
+        found.update(extra)
+        return sorted(found)
+
+
+_READ: dict[tuple, Shortlist] = {}
+
+
+def read_shortlist(path: str, tokenizer: Tokenizer) -> Shortlist:
+    """Shortlist.read, once per file version and tokenizer (a Translator is made per API call)."""
+    try:
+        stat = Path(path).stat()
+        key = (
+            str(Path(path).resolve()),
+            stat.st_mtime_ns,
+            stat.st_size,
+            hash(tokenizer.src_model),
+            hash(tokenizer.tgt_model),
+        )
+    except OSError:
+        return Shortlist.read(path, tokenizer)  # names the missing file
+    if key not in _READ:
+        if len(_READ) >= 8:
+            _READ.pop(next(iter(_READ)))
+        _READ[key] = Shortlist.read(path, tokenizer)
+    return _READ[key]
+
+
+def restrict(layer: nn.Module, vocab: torch.Tensor) -> nn.Module:
+    """The output layer cut to the rows of `vocab` (W,): the same kind of layer (fp32, bf16 or int8), W outputs."""
+    if hasattr(layer, "rows"):
+        return layer.rows(vocab)
+    if not isinstance(layer, nn.Linear):
+        raise NmtError(f"decode.shortlist: the output layer is a {type(layer).__name__}; expected a linear layer")
+    return Rows(layer.weight.index_select(0, vocab), None if layer.bias is None else layer.bias.index_select(0, vocab))
+
+
+class Rows(nn.Module):
+    """A linear layer of given weight (W, E) and bias (W,): an fp32 output layer cut to a shortlist."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    """The model under wrappers that only intercept step() (nmt.serve.lanes.Stoppable)."""
+    return getattr(model, "_model", model)
+
+
+def outputs_for(model: nn.Module, vocab: torch.Tensor):
+    """What `step(..., output=)` takes for this model: its output layer cut to `vocab`; for an ensemble, a list."""
+    inner = _inner(model)
+    if hasattr(inner, "models"):
+        return [outputs_for(m, vocab) for m in inner.models]
+    return restrict(inner.decoder.output, vocab)
+
+
+class Shortlisted(nn.Module):
+    """A model whose vocabulary is a batch's candidates: token ids in and out are positions in `vocab` (W,)
+    (sorted, SPECIALS first, so PAD/UNK/BOS/EOS keep their ids)."""
+
+    def __init__(self, model: nn.Module, vocab: torch.Tensor):
+        super().__init__()
+        if vocab.numel() < SPECIALS or int(vocab[EOS]) != EOS:
+            raise ValueError("a shortlist's candidates must start with the special ids 0..3")
+        self.model, self.vocab = model, vocab
+        self.output = outputs_for(model, vocab)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
+        return self.model.encode(src, src_mask)
+
+    def init_state(self, enc):
+        return self.model.init_state(enc)
+
+    def step(self, prev: torch.Tensor, enc, state):
+        """prev (R,) local ids -> logits (R, W) over the candidates, the new state, attention (R, S)."""
+        return self.model.step(self.vocab[prev], enc, state, output=self.output)
+
+    def prefill(self, tokens: torch.Tensor, enc, state):
+        """tokens (R, P) local ids -> logits (R, P, W), the state after them, attention (R, P, S)."""
+        from nmt.search import prefill
+
+        return prefill(self.model, self.vocab[tokens], enc, state, output=self.output)
+
+
+def local_ids(vocab: list[int], ids: Iterable[int]) -> list[int]:
+    """Full-vocabulary ids -> positions in the sorted candidate list (each id must be a candidate)."""
+    where = {v: i for i, v in enumerate(vocab)}
+    return [where[i] for i in ids]
