@@ -15,6 +15,7 @@ This is the one way in: the command-line tools, the server and nmt-compare load 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -52,6 +53,9 @@ class Loaded:
     path: str
 
 
+_WARNED: set[str] = set()  # warnings already printed by this process
+
+
 def load_model(
     checkpoint: str | PathLike | Sequence[PathLike], precision: str = "fp32", device: torch.device | str = "cpu"
 ) -> Loaded:
@@ -80,9 +84,13 @@ def load_model(
             raise NmtError(
                 f"{path}: its vocabulary differs from {paths[0]}'s; the models of an ensemble must share one tokenizer"
             )
-    from nmt.training.precision import check_bf16
+    from nmt.training.precision import check_bf16, slow_decode_precision
 
     check_bf16(precision, torch.device(device), "decode.precision")
+    slow = slow_decode_precision(precision, torch.device(device))
+    if slow and slow not in _WARNED:  # once per process
+        _WARNED.add(slow)
+        print(f"warning: {slow}", file=sys.stderr)
     models = [to_precision(model, precision) for model, _, _ in loaded]
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Loaded(model, tokenizer, train_cfg, payloads[0]["step"], payloads[0]["path"])

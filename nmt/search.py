@@ -324,6 +324,8 @@ class _Beams:
     the step before that it extends (a back-pointer); finished hypotheses are traced back once, in `best`.
     """
 
+    early_exit = True  # end a sentence once no live hypothesis can beat its finished ones (tests turn it off)
+
     def __init__(
         self,
         src_mask: torch.Tensor,
@@ -332,10 +334,16 @@ class _Beams:
         alpha: float,
         base: torch.Tensor | None = None,
         offset: int = 0,
+        nbest: int = 1,
     ):
-        """base (B,): each sentence's starting score (a prefix's); offset: steps before the first (the prefix's)."""
+        """base (B,): each sentence's starting score (a prefix's); offset: steps before the first (the prefix's);
+        nbest: the hypotheses asked for (the early exit waits for that many)."""
         batch, device = src_mask.size(0), src_mask.device
-        self.k, self.alpha, self.offset = k, alpha, offset
+        self.k, self.alpha, self.offset, self.nbest = k, alpha, offset, nbest
+        # (n, nbest) the best normalised scores finished so far, and (n,) the largest length penalty a live
+        # hypothesis can still reach (at its length limit): the early exit's two sides
+        self.done_best = torch.full((batch, nbest), float("-inf"), device=device)
+        self.lp_limit = ((5 + max_len.float() + offset) / 6) ** alpha
         self.sent = torch.arange(batch, device=device)  # (n,) original index of each live sentence
         self.max_len = max_len  # (n,)
         self.n_done = torch.zeros(batch, dtype=torch.long, device=device)  # (n,) finished hypotheses
@@ -357,7 +365,10 @@ class _Beams:
 
         Takes the top 2K of the (n, width*V) candidates: those ending in EOS among the top K are finished
         (all of the top K at the length limit), and the best K that do not end in EOS live on. A sentence
-        is done once it holds K finished hypotheses or reaches its length limit.
+        is done once it holds K finished hypotheses, reaches its length limit, or (the early exit) none of its
+        live hypotheses can beat its nbest-th finished one: a summed log-probability only falls as tokens are
+        added, so a live score s can reach at best s / lp(length limit); the outputs are those the search
+        would return without the exit.
         Returns the state rows to keep (n'*K,), the live sentences' rows of the encoder output when
         some sentences are done (else None), and the next input tokens (n'*K,).
         """
@@ -377,15 +388,23 @@ class _Beams:
         final[:, k:] = False
         self.attn.append(attn)
         self._finish(t, final, rows, token, top)
-        live = (self.n_done < k) & (self.max_len > t + 1)  # (n,)
         pick = eos.to(torch.uint8).argsort(dim=1, stable=True)[
             :, :k
         ]  # first K candidates without EOS (one EOS per beam at most)
-        rows, token, self.scores = (x.gather(1, pick)[live] for x in (rows, token, top))
+        rows, token, scores = (x.gather(1, pick) for x in (rows, token, top))
+        if bool(final.any()):
+            norm = torch.where(final, top / ((5 + t + 1 + self.offset) / 6) ** self.alpha, float("-inf"))
+            self.done_best = torch.cat([self.done_best, norm], 1).topk(self.nbest, dim=1).values
+        live = (self.n_done < k) & (self.max_len > t + 1)  # (n,)
+        if self.early_exit:
+            reachable = scores[:, 0] / self.lp_limit  # (n,) the best normalised score a live hypothesis can reach
+            live &= reachable > self.done_best[:, -1]
+        rows, token, self.scores = rows[live], token[live], scores[live]
         enc_rows = None
         if not bool(live.all()):
             enc_rows = live.nonzero().squeeze(1)  # (n',) the live sentences' rows of the encoder output
             self.sent, self.max_len, self.n_done = self.sent[live], self.max_len[live], self.n_done[live]
+            self.done_best, self.lp_limit = self.done_best[live], self.lp_limit[live]
         rows, token = rows.reshape(-1), token.reshape(-1)
         self.back.append(rows)
         self.token.append(token)
@@ -468,7 +487,7 @@ def beam_search(
     state, pre = start(model, enc, model.init_state(enc), prefix, min_len, repetition)
     offset = pre.length if pre else 0
     max_len = (max_len - offset).clamp(min=1) if pre else max_len
-    beams = _Beams(src_mask, max_len, k, alpha, pre.score if pre else None, offset)
+    beams = _Beams(src_mask, max_len, k, alpha, pre.score if pre else None, offset, nbest)
     prev = torch.full((src.size(0),), BOS, dtype=torch.long, device=src.device)
     history = (prefix if pre else src.new_zeros(src.size(0), 0)) if repetition.active else None
     for t in range(int(max_len.max())):

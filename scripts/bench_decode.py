@@ -16,6 +16,10 @@ length penalty CTranslate2 applies as nmt does; with --alpha 0.6, as the figures
 CTranslate2 divides by length ** 0.6 and nmt by ((5 + length) / 6) ** 0.6, not the same ranking) and BLEU
 against the references is printed for each precision.
 
+With --shortlist a vocabulary shortlist is built with nmt-shortlist from Multi30k train for each model, and
+rows "nmt+sl" (decode.shortlist) and, with --ct2, "ct2+vmap" (the same file as the export's vmap.txt,
+use_vmap=True) are added.
+
 Every measurement runs in a fresh process (`--worker`) that loads the model, decodes a few sentences to warm
 up, then times --runs runs over all sentences: the figures are the median wall-clock time, the CPU time of
 the process per sentence (steadier than the wall clock on a shared machine), and the peak resident set size
@@ -133,6 +137,8 @@ def nmt_worker(job: dict) -> dict:
     )
     if job["precision"] != "fp32":
         settings["precision"] = job["precision"]
+    if job.get("shortlist"):
+        settings["shortlist"] = job["shortlist"]
     translator = Translator(model, tokenizer, DecodeConfig(**settings), torch.device("cpu"))
     if (
         job.get("replicas", 1) > 1
@@ -202,6 +208,7 @@ def ct2_worker(job: dict) -> dict:
                 beam_size=job["beam"],
                 suppress_sequences=[["<pad>"], ["<s>"]],
                 asynchronous=replicas > 1,
+                use_vmap=bool(job.get("vmap")),
                 **limits,
             )
             pending.append((batch, results))
@@ -293,16 +300,50 @@ def untrained_checkpoints(args, work: Path) -> tuple[list[tuple[str, Path]], int
     return found, fixed_len
 
 
-def export_ct2(checkpoint: Path, work: Path) -> Path | None:
-    """The Transformer exported with nmt-export for --ct2 (None if it is not a Transformer)."""
-    out = work / f"ct2_{checkpoint.stem}"
+def export_ct2(checkpoint: Path, work: Path, shortlist: Path | None = None) -> Path | None:
+    """The Transformer exported with nmt-export for --ct2, with the shortlist as its vmap.txt if given (None if
+    it is not a Transformer)."""
+    out = work / f"ct2_{checkpoint.stem}{'_vmap' if shortlist else ''}"
+    extra = [f"shortlist={shortlist}"] if shortlist else []
     done = subprocess.run(
-        [sys.executable, "-m", "nmt.cli.export", f"checkpoint={checkpoint}", "format=ctranslate2", f"out={out}"],
+        [
+            sys.executable,
+            "-m",
+            "nmt.cli.export",
+            f"checkpoint={checkpoint}",
+            "format=ctranslate2",
+            f"out={out}",
+            *extra,
+        ],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
     )
     return out if done.returncode == 0 else None
+
+
+def make_shortlist(checkpoint: Path, args, work: Path) -> Path:
+    """nmt-shortlist over Multi30k train (--data) for this checkpoint's tokenizer."""
+    out = work / f"shortlist_{checkpoint.stem}.tsv"
+    start = time.perf_counter()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nmt.cli.shortlist",
+            f"checkpoint={checkpoint}",
+            f"out={out}",
+            f"src={args.data / 'train.en.gz'}",
+            f"tgt={args.data / 'train.de.gz'}",
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise SystemExit(f"nmt-shortlist failed:\n{done.stderr[-2000:]}")
+    print(f"shortlist built in {time.perf_counter() - start:.0f}s: {done.stdout.strip()}")
+    return out
 
 
 def bleu(text: list[str], refs: list[str]) -> float:
@@ -329,14 +370,18 @@ def bench_model(
         flush=True,
     )
     ct2_dir = export_ct2(checkpoint, work) if args.ct2 else None
+    shortlist = make_shortlist(checkpoint, args, work) if args.shortlist else None
+    vmap_dir = export_ct2(checkpoint, work, shortlist) if args.ct2 and shortlist else None
+    engines = ["nmt", *(["nmt+sl"] if shortlist else [])]
+    ct2_engines = [*(["ct2"] if ct2_dir else []), *(["ct2+vmap"] if vmap_dir else [])]
     rows = (
         ([("baseline", "fp32")] if baseline else [])
-        + [("nmt", p) for p in args.precisions]
-        + [("ct2", t) for t in args.ct2_types if ct2_dir]
+        + [(e, p) for e in engines for p in args.precisions]
+        + [(e, t) for e in ct2_engines for t in args.ct2_types]
     )
     if args.replicas > 1:  # the same precisions as `replicas` single-threaded processes (CTranslate2: inter_threads)
-        rows += [(f"nmt x{args.replicas}", p) for p in args.precisions] + [
-            (f"ct2 x{args.replicas}", t) for t in args.ct2_types if ct2_dir
+        rows += [(f"{e} x{args.replicas}", p) for e in engines for p in args.precisions] + [
+            (f"{e} x{args.replicas}", t) for e in ct2_engines for t in args.ct2_types
         ]
     for beam in args.beams:
         common = dict(
@@ -352,11 +397,14 @@ def bench_model(
         results = {}
         for engine, precision in rows:
             replicated = engine.endswith(f" x{args.replicas}")
+            listed = "+" in engine
             job = {
                 **common,
                 "engine": "ct2" if engine.startswith("ct2") else "nmt",
                 "precision": precision,
-                "ct2_dir": str(ct2_dir),
+                "ct2_dir": str(vmap_dir if listed and engine.startswith("ct2") else ct2_dir),
+                "shortlist": str(shortlist) if listed else None,
+                "vmap": listed and engine.startswith("ct2"),
             }
             if replicated:
                 job.update(threads=1, replicas=args.replicas)
@@ -420,6 +468,11 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--baseline", metavar="REV", help="also time the search of this git commit (fp32)")
     parser.add_argument("--ct2", action="store_true", help="also time the Transformer in CTranslate2")
+    parser.add_argument(
+        "--shortlist",
+        action="store_true",
+        help="also decode with a vocabulary shortlist (nmt-shortlist over --data's train; CTranslate2: its vmap)",
+    )
     parser.add_argument("--ct2-types", nargs="+", default=["float32", "int8"], help="CTranslate2 compute types")
     parser.add_argument(
         "--replicas",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nmt.cli import compare
+from nmt.compare.environment import cpu_model
 from nmt.compare.plan import TEST_ALIGN, prepare_test
 from nmt.config import CompareConfig, Config, DataConfig, ModelConfig, TrainConfig
 from nmt.evaluation.diagnostics import AttentionStats
@@ -55,6 +56,7 @@ def test_each_run_records_how_it_trained(spawned):
             "accumulate": 1,
             "budget_clock": "wall",
             "device": "auto",
+            "cpu": cpu_model(),  # the host's, so parts run elsewhere are told apart
         }
     ]
     report = (spawned / "report.md").read_text()

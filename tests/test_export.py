@@ -130,8 +130,22 @@ def test_rnn_checkpoints_and_used_directories_are_refused(corpus, tmp_path, caps
     assert code == 2 and "format=onnx: unknown; expected one of ctranslate2" in err
 
 
+def sequence_score(model, src: list[int], out: list[int], limit: int) -> float:
+    """Our model's summed log-probability of an output (its EOS included unless it was cut at `limit` tokens)."""
+    from nmt.data.tokenizer import EOS
+    from nmt.search import log_probs
+
+    batch = make_batch([src], [out])
+    with torch.inference_mode():
+        logits = model(batch.src, batch.src_mask, batch.tgt_in)[0]  # (T + 1, V)
+    logp = torch.stack([log_probs(logits[t : t + 1], t, 0)[0] for t in range(logits.size(0))])
+    steps = out + ([EOS] if len(out) < limit else [])
+    return float(sum(logp[t, token] for t, token in enumerate(steps)))
+
+
 def test_beam_5_equals_ours_where_the_length_penalties_agree(corpus, tmp_path, capsys):
-    """alpha = 0 (ours) and length_penalty = 0 (CTranslate2's) rank alike: beam 5 gives the same outputs; for
+    """alpha = 0 (ours) and length_penalty = 0 (CTranslate2's) rank alike: beam 5 gives the same outputs (all of
+    them with 2 threads here; at 1 thread a few of 100 differ, where ours scores as high or higher); for
     alpha > 0 no length_penalty does, and nmt_export.json says how to rank CTranslate2's n-best instead."""
     import json
 
@@ -152,7 +166,15 @@ def test_beam_5_equals_ours_where_the_length_penalties_agree(corpus, tmp_path, c
     theirs = engine.translate_batch(
         pieces, beam_size=5, length_penalty=0.0, max_decoding_length=20, suppress_sequences=[["<pad>"], ["<s>"]]
     )
-    assert [[tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in theirs] == ours
+    theirs = [[tokenizer.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in theirs]
+    differ = [i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b]
+    # Where they differ (the engines' products round differently with other kernels and threads, and a barely
+    # trained model holds near-ties), ours scores at least as high under our model: never a worse search result.
+    src_ids = tokenizer.encode_src(test_src)
+    for i in differ:
+        theirs_score, ours_score = (sequence_score(model, src_ids[i], out, 20) for out in (theirs[i], ours[i]))
+        assert ours_score >= theirs_score - 1e-3 * max(1.0, abs(theirs_score)), (i, theirs_score, ours_score)
+    assert len(differ) <= 0.05 * len(ours), differ
     # alpha = 1: CTranslate2's 5-best at length_penalty 0, ranked by GNMT's penalty, mostly agree with ours
     decode = DecodeConfig(beam=5, alpha=1.0, max_len_a=0, max_len_b=20)
     ours = [

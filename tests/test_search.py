@@ -238,3 +238,46 @@ def test_pad_and_bos_are_never_emitted():
         ]  # EOS at once (p .1) beats X EOS (.2 * .1); nothing else is allowed
     samples = sample_search(model, src, mask, limit(src, 5), n=50, generator=torch.Generator().manual_seed(0))
     assert all(PAD not in h.tokens and BOS not in h.tokens for hyps in samples for h in hyps)
+
+
+class CountingSteps:
+    """A model that counts the rows its steps run, and likes EOS more than the random model does (so hypotheses
+    finish while others live on)."""
+
+    def __init__(self, model, eos_bias: float = 2.0):
+        self.model, self.rows, self.eos_bias = model, 0, eos_bias
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def step(self, prev, enc, state, **kwargs):
+        self.rows += prev.numel()
+        logits, state, attn = self.model.step(prev, enc, state, **kwargs)
+        logits = logits.clone()
+        logits[:, EOS] += self.eos_bias
+        return logits, state, attn
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_early_exit_returns_what_the_search_without_it_returns_in_fewer_steps(arch, monkeypatch):
+    """A sentence leaves the beam once no live hypothesis can beat its nbest-th finished one (a summed
+    log-probability only falls): the same n-best lists and scores, for any length penalty; fewer step rows."""
+    from nmt import search
+
+    model, batch = tiny_model(arch, seed=3), random_sources(2, lengths=(7, 3, 11, 5, 1, 9, 4))
+    limits = torch.full((7,), 14)
+    fewer = 0
+    for alpha, nbest in ((0.0, 1), (0.0, 3), (0.6, 1), (1.0, 2)):
+        runs = {}
+        for exit_on in (True, False):
+            monkeypatch.setattr(search._Beams, "early_exit", exit_on)
+            counted = CountingSteps(model)
+            found = beam_search(counted, batch.src, batch.src_mask, limits, 4, alpha=alpha, nbest=nbest)
+            runs[exit_on] = (found, counted.rows)
+        (with_exit, rows_exit), (without, rows_full) = runs[True], runs[False]
+        for a, b in zip(with_exit, without):
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.norm_score for h in a] == pytest.approx([h.norm_score for h in b], abs=1e-6)
+        assert rows_exit <= rows_full
+        fewer += rows_exit < rows_full
+    assert fewer >= 1  # at alpha 0 the exit saves steps on these sentences

@@ -116,6 +116,18 @@ def test_the_cpu_flags_tell_bf16_hardware():
     assert not cpu_has_bf16("")
 
 
+def test_the_cpu_flags_tell_int8_dot_products():
+    from nmt.training.precision import cpu_has_int8
+
+    assert cpu_has_int8(CPUINFO_X86.format(extra="avx512_vnni"))
+    assert cpu_has_int8(CPUINFO_X86.format(extra="avx_vnni"))
+    assert cpu_has_int8(CPUINFO_X86.format(extra="amx_int8 amx_tile"))
+    assert not cpu_has_int8(CPUINFO_X86.format(extra="avx512_bf16"))  # an AVX2/AVX-512 CPU without VNNI
+    assert cpu_has_int8("processor\t: 0\nFeatures\t: fp asimd asimddp\n")
+    assert not cpu_has_int8("processor\t: 0\nFeatures\t: fp asimd\n")
+    assert not cpu_has_int8("")
+
+
 def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypatch):
     from nmt.training import precision
 
