@@ -20,6 +20,9 @@ export OMP_NUM_THREADS=1
 "$BIN/nmt-translate" checkpoint=run input=data/toy/test.src output=test.hyp
 "$BIN/nmt-evaluate" hyp=test.hyp ref=data/toy/test.tgt
 test "$(wc -l < test.hyp)" -eq "$(wc -l < data/toy/test.src)"
+"$BIN/nmt-shortlist" checkpoint=run out=shortlist.tsv
+"$BIN/nmt-translate" checkpoint=run input=data/toy/test.src output=test.sl.hyp decode.shortlist=shortlist.tsv
+test "$(wc -l < test.sl.hyp)" -eq "$(wc -l < data/toy/test.src)"
 "$BIN/python" -c "import nmt; m = nmt.load('run', device='cpu'); print(m.translate('ze bosize dibope', beam=2))"
 "$BIN/nmt-compare" --help > /dev/null
 "$BIN/nmt-serve" --help > /dev/null
