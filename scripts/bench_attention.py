@@ -20,6 +20,7 @@ product (nmt/models/transformer.py, 4 heads, F.scaled_dot_product_attention with
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -185,6 +186,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--plot", type=Path, default=Path("docs/attention_cost.png"))
+    parser.add_argument("--json", type=Path, help="also write the measurements here (scripts/study_claims.py --cost)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     lengths, results = measure(args)
@@ -195,6 +197,15 @@ def main(argv: list[str]) -> None:
     )
     plot(lengths, results, args.plot, title)
     print(f"plot: {args.plot} ({title})")
+    if args.json:
+        settings = {k: getattr(args, k) for k in ("batch", "dim", "heads", "window", "runs", "threads", "device")}
+        found = {
+            name: [{"n": n, "ms": s * 1e3, "mb": mb} for n, (s, mb) in zip(lengths, rows)]
+            for name, rows in results.items()
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"settings": settings, "title": title, "results": found}, indent=1) + "\n")
+        print(f"json: {args.json}")
 
 
 if __name__ == "__main__":

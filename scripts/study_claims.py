@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from nmt.compare.collect import read_plan, read_run, read_test
+from nmt.compare.summary import CONDITIONS, run_conditions
 from nmt.evaluation.significance import MIN_SEEDS, cluster_bootstrap, draw_weights, holm, sentence_stats, welch_test
 
 ALPHA, LITTLE = 0.05, 1.0  # "loses little": the seed test's interval stays above -LITTLE BLEU
@@ -36,6 +37,7 @@ class Claim:
     worse: str
     kind: str  # "quality" | "little loss" | "cost" | "stability" | "long range"
     note: str = ""
+    curves: tuple[str, str] | None = None  # bench_attention variants (cheaper, dearer) whose cost curves bear on it
 
 
 CLAIMS = [
@@ -53,6 +55,7 @@ CLAIMS = [
         "luong_global_dot",
         "luong_global_concat",
         "cost",
+        curves=("dot", "concat"),
     ),
     Claim(
         3,
@@ -61,6 +64,7 @@ CLAIMS = [
         "luong_global_general",
         "little loss",
         "cheaper on long sequences: scripts/bench_attention.py's cost curves",
+        curves=("local-p, banded", "general"),
     ),
     Claim(
         4,
@@ -118,10 +122,21 @@ def quality(out: Path, plan, refs: list[str], a: str, b: str, samples: int, seed
     }
 
 
+def host(run) -> tuple:
+    """Where and how a run trained: (CPU, precision) of its first part (runs of a study made in parts on different
+    hosts are compared for speed only with runs made on the same host the same way)."""
+    conditions = run_conditions(run)
+    first = dict(zip(CONDITIONS, conditions[0])) if conditions else {}
+    return (first.get("cpu") or "CPU not recorded", first.get("precision"))
+
+
 def cost(out: Path, plan, a: str, b: str) -> dict:
     """Training target tokens and decoded test sentences per CPU second (one thread: per core-second, which the
-    other run beside it does not slow), median over seeds, A / B."""
+    other run beside it does not slow), median over seeds, A / B. Only seeds whose A and B runs trained on the same
+    CPU at the same precision count."""
     runs_a, runs_b = per_seed(out, plan, a), per_seed(out, plan, b)
+    same = [s for s in sorted(set(runs_a) & set(runs_b)) if host(runs_a[s]) == host(runs_b[s])]
+    runs_a, runs_b = {s: runs_a[s] for s in same}, {s: runs_b[s] for s in same}
 
     def train(runs):
         return [
@@ -140,8 +155,27 @@ def cost(out: Path, plan, a: str, b: str) -> dict:
                 "welch": welch_test(vb, va),
                 "a": va,
                 "b": vb,
+                "seeds": same,
             }
     return found
+
+
+def curves(path: Path | None) -> dict | None:
+    """scripts/bench_attention.py --json: forward+backward ms and peak MB per variant and length."""
+    return json.loads(path.read_text()) if path else None
+
+
+def curve_evidence(found: dict | None, faster: str, slower: str) -> str:
+    """'A/B time at n=16 ... n=max' from the cost curves, for two of bench_attention's variant names."""
+    if not found or faster not in found["results"] or slower not in found["results"]:
+        return ""
+    fa, fb = found["results"][faster], found["results"][slower]
+    ends = [0, len(fa) - 1]
+    parts = [
+        f"n={fa[i]['n']} {fa[i]['ms'] / fb[i]['ms']:.2f}x time, {fa[i]['mb'] / max(fb[i]['mb'], 1e-9):.2f}x memory"
+        for i in ends
+    ]
+    return f"cost curves ({found['title']}), {faster} / {slower}: " + "; ".join(parts)
 
 
 def fmt(values: list[float]) -> str:
@@ -162,7 +196,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--cost", type=Path, help="scripts/bench_attention.py --json output: the cost curves")
     args = parser.parse_args()
+    cost_curves = curves(args.cost)
     out, plan = args.folder, read_plan(args.folder)
     test = read_test(out)
     summary = json.loads((out / "results.json").read_text())
@@ -199,9 +235,11 @@ def main() -> None:
         evidence, verdict = [], "cannot tell at this budget" if q else "not finished yet"
         for key, found in (c or {}).items():
             evidence.append(
-                f"{key} A/B {found['ratio']:.2f}"
+                f"{key} A/B {found['ratio']:.2f} over same-host seeds {found['seeds']}"
                 + (f" (seed test p {found['welch'].p_value:.3f})" if found["welch"] else "")
             )
+        if claim.curves and (curve := curve_evidence(cost_curves, *claim.curves)):
+            evidence.append(curve)
         if claim.kind in ("quality", "little loss") and q:
             key = (claim.number, claim.better)
             both = (
