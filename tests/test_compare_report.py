@@ -170,3 +170,28 @@ def test_learning_curves_from_train_log(tmp_path):
     assert [p[0] for p in curve.valid] == [2, 4]  # step 4 repeated after the resume: the last line wins
     assert curve.valid[1][2] == 0.5 and curve.valid[0][1] == 10.0 and curve.valid[1][1] == 31.0
     assert [(s, t) for s, t, _ in curve.train] == [(2, 10.0), (4, 30.0)]
+
+
+def set_max_steps(out, variant, seed, steps):
+    path = out / "runs" / variant / f"seed{seed}" / "config.yaml"
+    cfg = OmegaConf.load(path)
+    cfg.train.max_steps = steps
+    path.write_text(OmegaConf.to_yaml(cfg))
+
+
+def test_matched_steps_differ_between_variants_not_between_seeds(out):
+    """matched_steps gives each variant its own updates: not a difference of budget, unless a variant's seeds differ."""
+    plan = OmegaConf.load(out / "comparison.yaml")
+    plan.matched_steps = {"base": 4, "good": 6}
+    (out / "comparison.yaml").write_text(OmegaConf.to_yaml(plan))
+    for seed in (1, 2):
+        set_max_steps(out, "base", seed, 4)
+        set_max_steps(out, "good", seed, 6)
+    build_report(out)
+    headline = (out / "report.md").read_text().split("## Main results")[0]
+    assert "each variant's own number of updates" in headline
+    assert "differ in: training budget" not in headline and "budgets differ" not in headline
+    set_max_steps(out, "good", 2, 5)
+    build_report(out)
+    headline = (out / "report.md").read_text().split("## Main results")[0]
+    assert "differ in: training budget" in headline and "budgets differ between runs" in headline

@@ -523,7 +523,11 @@ def markdown_report(
             if plan.matched_steps
             else f" Budget per run: {budget(base_cfg) if base_cfg else NA}"
         )
-        + (" **(budgets differ between runs)**" if len(budgets) > 1 else "")
+        + (
+            " **(budgets differ between runs)**"
+            if len(budgets) > 1 or (not plan.matched_steps and any(b and b[0] == "per variant" for b in budgets))
+            else ""
+        )
         + ". "
         f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
         + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "")

@@ -235,6 +235,11 @@ def consistency(runs: list[RunRecord]) -> dict:
     found = lambda get: sorted({get(r) for r in done}, key=str)  # noqa: E731
     conditions = sorted({c for r in done for c in run_conditions(r)}, key=str)
     usual = max(conditions, key=lambda c: sum(c in run_conditions(r) for r in done)) if conditions else None
+    # matched_steps: each variant its own updates, the same for all its seeds (a difference only within a variant)
+    steps: dict[str, set] = {}
+    for r in done:
+        steps.setdefault(r.variant, set()).add(r.config.train.max_steps if r.config else None)
+    per_variant = len(set().union(*steps.values())) > 1 and all(len(v) == 1 for v in steps.values())
     return {
         "tokenizer_sha256": found(lambda r: r.evaluation["tokenizer_sha256"]),
         "test_sha256": found(lambda r: r.evaluation["test_sha256"]),
@@ -243,7 +248,7 @@ def consistency(runs: list[RunRecord]) -> dict:
         "budget": found(
             lambda r: (
                 (
-                    r.config.train.max_steps,
+                    "per variant" if per_variant else r.config.train.max_steps,
                     r.config.train.max_time,
                     r.config.train.max_epochs,
                     r.config.train.budget_clock,
