@@ -25,6 +25,7 @@ mkdir -p "$DOCS"
 OMP_NUM_THREADS=1 "$BIN/python" scripts/bench_attention.py --dim 256 --max-len 1024 --runs 5 --threads 1 \
   --plot "$DOCS/attention_cost.png" --json "$DOCS/attention_cost.json" | tee "$DOCS/attention_cost.txt"
 "$BIN/python" scripts/study_claims.py "$OUT" --out "$DOCS/claims.md" --cost "$DOCS/attention_cost.json" > /dev/null
+"$BIN/python" scripts/study_table.py "$OUT" > "$DOCS/main_table.md"
 cp "$OUT"/report.md "$OUT"/results.csv "$OUT"/results.json "$DOCS/"
 cp "$OUT"/*.png "$DOCS/"
 echo "published: $DOCS ($(ls "$DOCS" | tr '\n' ' '))"

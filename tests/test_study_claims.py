@@ -92,3 +92,18 @@ def test_claims_table_compares_speed_on_one_host_only(tmp_path):
     ]
     mean = sum(e["scores"]["bleu"]["score"] for e in bleu) / 3
     assert rows[1][0][4].startswith(f"{mean:.2f} ± ")
+
+
+def test_readme_table_rows_come_from_results_json(tmp_path):
+    out = claims_folder(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "scripts/study_table.py", str(out)], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    summary = {v["name"]: v for v in json.loads((out / "results.json").read_text())["variants"]}
+    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines()[2:]}
+    assert set(rows) == {"luong_global_dot", "**luong_global_concat** (baseline)"}
+    dot = summary["luong_global_dot"]
+    cells = [c.strip() for c in rows["luong_global_dot"].strip("|").split("|")]
+    assert cells[1] == f"{dot['bleu']['mean']:.2f} ± {dot['bleu']['std']:.2f}"
+    assert cells[2] == f"{dot['delta_bleu']:+.2f}" and cells[-2] == "3"
+    assert cells[3].endswith(f"p {dot['significance']['seeds']['p_value']:.3f}")
