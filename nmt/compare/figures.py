@@ -74,16 +74,20 @@ def bleu_bars(
     save_figure(fig, path, "out")
 
 
-def learning_curves(curves: dict[str, list[Curve]], path: Path) -> None:
-    """Validation BLEU and loss against updates and against wall-clock seconds; one colour per variant,
-    a line per seed."""
+def learning_curves(curves: dict[str, list[Curve]], path: Path, clock: str = "wall") -> None:
+    """Validation BLEU and loss against updates and against training seconds by the runs' budget clock
+    (`clock`: "wall", "cpu", or "mixed"); one colour per variant, a line per seed."""
     fig = _figure(12.0, 8.0)
     axes = fig.subplots(2, 2)
+    seconds = {
+        "wall": "training seconds (wall-clock)",
+        "cpu": "training seconds (CPU time of the process)",
+    }.get(clock, "training seconds (each run's budget clock: wall or CPU)")
     panels = [
         (0, 0, 0, 4, "updates", "valid BLEU"),
-        (0, 1, 1, 4, "training seconds (wall-clock)", "valid BLEU"),
+        (0, 1, 1, 4, seconds, "valid BLEU"),
         (1, 0, 0, 2, "updates", "valid loss"),
-        (1, 1, 1, 2, "training seconds (wall-clock)", "valid loss"),
+        (1, 1, 1, 2, seconds, "valid loss"),
     ]
     for (name, runs), color in zip(curves.items(), _colors(len(curves))):
         for k, curve in enumerate(runs):

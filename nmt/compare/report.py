@@ -115,7 +115,9 @@ def draw_figures(out: Path, summary: dict, runs: dict[str, list[RunRecord]], gol
         drawn["lengths"] = FIGURES["lengths"]
     curves = {name: [r.curve for r in group if r.curve.valid] for name, group in runs.items()}
     if any(curves.values()):
-        figures.learning_curves({k: v for k, v in curves.items() if v}, out / FIGURES["curves"])
+        clocks = {r.config.train.budget_clock for group in runs.values() for r in group if r.curve.valid and r.config}
+        clock = clocks.pop() if len(clocks) == 1 else "mixed"
+        figures.learning_curves({k: v for k, v in curves.items() if v}, out / FIGURES["curves"], clock)
         drawn["curves"] = FIGURES["curves"]
     heat = {name: next((r.heatmaps for r in group if r.finished and r.heatmaps), []) for name, group in runs.items()}
     heat = {name: records for name, records in heat.items() if records}
