@@ -5,9 +5,10 @@
 Each claim names a pair of variants (A claimed better, or cheaper, than B). Quality: the comparison's two tests
 run on that pair (nmt.evaluation.significance: the paired cluster bootstrap over test sentences with every seed of a
 sentence drawn together, and Welch's t-test over seeds), Holm-Bonferroni over the claims' quality tests. Cost:
-training target tokens/s and decoding sentences/s from the runs' files, as a ratio with Welch's test over seeds.
+training target tokens and decoded sentences per CPU second from the runs' files, A / B per seed among the seeds
+whose two runs trained on the same CPU at the same precision, with a t-test on the logarithms of those ratios.
 Verdicts: "supported" (both tests call the difference in the claimed direction after Holm's correction; for a cost,
-the ratio favours A and its seed test agrees), "not supported" (a significant difference the other way, or, for
+the ratio favours A and its t-test agrees), "not supported" (a significant difference the other way, or, for
 "loses little", a loss whose seed-test interval reaches below -1 BLEU), "cannot tell at this budget" otherwise.
 Every number is read from the folder (results.json, RUN/eval.json, RUN/test.hyp, RUN/results.json).
 """
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import ttest_1samp
 
 from nmt.compare.collect import read_plan, read_run, read_test
 from nmt.compare.summary import CONDITIONS, run_conditions
@@ -132,30 +135,29 @@ def host(run) -> tuple:
 
 def cost(out: Path, plan, a: str, b: str) -> dict:
     """Training target tokens and decoded test sentences per CPU second (one thread: per core-second, which the
-    other run beside it does not slow), median over seeds, A / B. Only seeds whose A and B runs trained on the same
-    CPU at the same precision count."""
+    other run beside it does not slow), A / B per seed. Only seeds whose A and B runs trained on the same CPU at the
+    same precision count; the ratio is the geometric mean of those seeds' ratios, tested with a one-sample t-test on
+    their logarithms (2+ seeds), so a host that is faster for both variants does not count as a difference."""
     runs_a, runs_b = per_seed(out, plan, a), per_seed(out, plan, b)
     same = [s for s in sorted(set(runs_a) & set(runs_b)) if host(runs_a[s]) == host(runs_b[s])]
-    runs_a, runs_b = {s: runs_a[s] for s in same}, {s: runs_b[s] for s in same}
 
-    def train(runs):
-        return [
-            r.results["train_tokens"] / r.results["train_cpu_s"] for r in runs.values() if r.results.get("train_cpu_s")
-        ]
+    def train(run):
+        return run.results["train_tokens"] / run.results["train_cpu_s"] if run.results.get("train_cpu_s") else None
 
-    def decode(runs):
-        return [r.evaluation["sentences_per_cpu_s"] for r in runs.values() if r.evaluation.get("sentences_per_cpu_s")]
+    def decode(run):
+        return run.evaluation.get("sentences_per_cpu_s")
 
     found = {}
     for key, get in (("train tokens/CPU-s", train), ("decode sentences/CPU-s", decode)):
-        va, vb = get(runs_a), get(runs_b)
-        if va and vb:
+        pairs = [(s, get(runs_a[s]), get(runs_b[s])) for s in same]
+        pairs = [(s, va, vb) for s, va, vb in pairs if va and vb]
+        if pairs:
+            logs = [math.log(va / vb) for _, va, vb in pairs]
             found[key] = {
-                "ratio": statistics.median(va) / statistics.median(vb),
-                "welch": welch_test(vb, va),
-                "a": va,
-                "b": vb,
-                "seeds": same,
+                "ratio": math.exp(statistics.fmean(logs)),
+                "ratios": [math.exp(x) for x in logs],
+                "p": float(ttest_1samp(logs, 0.0).pvalue) if len(logs) > 1 and np.std(logs) > 0 else None,
+                "seeds": [s for s, _, _ in pairs],
             }
     return found
 
@@ -221,8 +223,9 @@ def main() -> None:
         f"From `{out}` ({summary.get('name')}): {len(plan.seeds)} seeds per variant, test set {len(test.ref)} "
         f"sentences. Δ is A minus B. Quality tests: paired cluster bootstrap over test sentences ({args.samples} "
         f"draws, seed {args.seed}) and Welch's t-test over seeds (needs {MIN_SEEDS}+ seeds), Holm-Bonferroni over the "
-        f"{len(tested)} quality claims at alpha {ALPHA}. Costs: median over seeds, A / B, "
-        "Welch's test on the per-seed values.",
+        f"{len(tested)} quality claims at alpha {ALPHA}. Costs: A / B per second of CPU time (one thread), per seed, "
+        "only for seeds whose A and B runs trained on the same CPU at the same precision; the geometric mean of "
+        "those ratios, with a one-sample t-test on their logarithms (2+ seeds).",
         "",
         "| # | claim | A | B | BLEU A | BLEU B | sentence bootstrap Δ [95% CI], p | seed test Δ [95% CI], p | "
         "other evidence | verdict |",
@@ -235,8 +238,9 @@ def main() -> None:
         evidence, verdict = [], "cannot tell at this budget" if q else "not finished yet"
         for key, found in (c or {}).items():
             evidence.append(
-                f"{key} A/B {found['ratio']:.2f} over same-host seeds {found['seeds']}"
-                + (f" (seed test p {found['welch'].p_value:.3f})" if found["welch"] else "")
+                f"{key} A/B {found['ratio']:.2f} (seeds {', '.join(map(str, found['seeds']))}, each A and B on one "
+                f"host: {', '.join(f'{r:.2f}' for r in found['ratios'])}"
+                + (f"; t-test on log ratios p {found['p']:.3f})" if found["p"] is not None else ")")
             )
         if claim.curves and (curve := curve_evidence(cost_curves, *claim.curves)):
             evidence.append(curve)
@@ -255,7 +259,7 @@ def main() -> None:
                 )
         elif claim.kind == "cost" and c.get("train tokens/CPU-s"):
             found = c["train tokens/CPU-s"]
-            if found["welch"] and found["welch"].p_value < ALPHA:
+            if found["p"] is not None and found["p"] < ALPHA:
                 verdict = "supported" if found["ratio"] > 1 else "not supported (the other is faster)"
         elif claim.kind == "stability" and q:
             spread_a, spread_b = np.std(q["a"], ddof=1), np.std(q["b"], ddof=1)

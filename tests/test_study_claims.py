@@ -84,7 +84,7 @@ def test_claims_table_compares_speed_on_one_host_only(tmp_path):
     assert rows[4][0][-1] == "not run" and rows[8][0][-1] == "not run"  # variants the fixture lacks
     speed = rows[2][0][8]
     # Seeds 2 and 3 of dot ran 4x faster on another host: left out, the ratio is the same-host 2.00, not 8.00.
-    assert "train tokens/CPU-s A/B 2.00 over same-host seeds [1]" in speed
+    assert "train tokens/CPU-s A/B 2.00 (seeds 1, each A and B on one host: 2.00)" in speed
     assert "dot / concat: n=16 0.25x time, 0.50x memory; n=32 0.20x time, 0.25x memory" in speed
     # Claim 1 (concat better than dot) has BLEU for both sides from the runs' eval.json.
     bleu = [
