@@ -26,8 +26,16 @@ import numpy as np
 from scipy.stats import ttest_1samp
 
 from nmt.compare.collect import read_plan, read_run, read_test
-from nmt.compare.summary import CONDITIONS, run_conditions
-from nmt.evaluation.significance import MIN_SEEDS, cluster_bootstrap, draw_weights, holm, sentence_stats, welch_test
+from nmt.compare.summary import CONDITIONS, length_buckets, run_conditions
+from nmt.evaluation.significance import (
+    MIN_SEEDS,
+    bleu_from_stats,
+    cluster_bootstrap,
+    draw_weights,
+    holm,
+    sentence_stats,
+    welch_test,
+)
 
 ALPHA, LITTLE = 0.05, 1.0  # "loses little": the seed test's interval stays above -LITTLE BLEU
 
@@ -123,6 +131,31 @@ def quality(out: Path, plan, refs: list[str], a: str, b: str, samples: int, seed
         "boot": boot,
         "welch": welch,
     }
+
+
+def by_length(out: Path, plan, test, a: str, b: str, samples: int, seed: int) -> list[dict]:
+    """A minus B in each source-length bucket of the report (nmt.compare.summary.length_buckets): the cluster
+    bootstrap over the bucket's sentences (all seeds of a sentence together) and Welch's test on the per-seed BLEU
+    of the bucket."""
+    runs_a, runs_b = per_seed(out, plan, a), per_seed(out, plan, b)
+    common = sorted(set(runs_a) & set(runs_b))
+    found = []
+    for label, lines in length_buckets(test.src, plan.length_buckets) if common else []:
+        refs = [test.ref[i] for i in lines]
+        stats = {
+            name: np.stack([sentence_stats([runs[s].hyps[i] for i in lines], refs) for s in common])
+            for name, runs in (("a", runs_a), ("b", runs_b))
+        }
+        per_seed_bleu = {name: [float(bleu_from_stats(x.sum(0))) for x in stats[name]] for name in stats}
+        found.append(
+            {
+                "words": label,
+                "sentences": len(lines),
+                "boot": cluster_bootstrap(stats["b"], stats["a"], common, samples, seed),
+                "welch": welch_test(per_seed_bleu["b"], per_seed_bleu["a"]),
+            }
+        )
+    return found
 
 
 def host(run) -> tuple:
@@ -269,13 +302,20 @@ def main() -> None:
             )
             verdict = "supported" if spread_b > 2 * spread_a and q["welch"] and q["welch"].delta > 0 else verdict
         elif claim.kind == "long range":
-            a, b = variants[claim.better]["length_bleu"][-1], variants[claim.worse]["length_bleu"][-1]
-            bucket = summary["length_buckets"][-1]
-            if a["mean"] is not None and b["mean"] is not None:
+            buckets = by_length(out, plan, test, claim.better, claim.worse, args.samples, args.seed)
+            if buckets:
+                short, long = buckets[0], buckets[-1]
                 evidence.append(
-                    f"longest bucket ({bucket['words']} words, n={bucket['sentences']}): A {a['mean']:.1f}, "
-                    f"B {b['mean']:.1f}"
+                    "A - B by source length: "
+                    + ", ".join(f"{b['words']} words (n={b['sentences']}) {b['boot'].delta:+.2f}" for b in buckets)
+                    + f"; longest bucket: sentence bootstrap {interval(long['boot'])}, "
+                    f"seed test {interval(long['welch'])}"
                 )
+                significant = long["boot"].p_value < ALPHA and long["welch"] and long["welch"].p_value < ALPHA
+                if significant and long["boot"].delta > 0 and long["welch"].delta > 0:
+                    verdict = "supported"
+                elif significant and long["boot"].delta < 0 and long["boot"].delta <= short["boot"].delta:
+                    verdict = "not supported (behind on the longest sentences, and no closer than on the shortest)"
         lines.append(
             f"| {claim.number} | {claim.text} | {claim.better} | {claim.worse} | {fmt(q['a']) if q else 'n/a'} | "
             f"{fmt(q['b']) if q else 'n/a'} | {interval(q['boot']) if q else 'n/a'} | "

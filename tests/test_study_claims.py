@@ -17,17 +17,18 @@ ROOT = Path(__file__).resolve().parents[1]
 HOSTS = {1: ("Host A", "bf16"), 2: ("Host B", "fp32"), 3: ("Host B", "fp32")}
 
 
-def claims_folder(tmp_path: Path) -> Path:
-    """luong_global_dot and luong_global_concat, 3 seeds each; dot seeds 2 and 3 trained on another host, 4x faster."""
+def claims_folder(tmp_path: Path, better: str = "luong_global_dot", worse: str = "luong_global_concat") -> Path:
+    """`better` and `worse` (default luong_global_dot and luong_global_concat), 3 seeds each; seeds 2 and 3 of
+    `better` trained on another host, 4x faster."""
     out = tmp_path / "cmp"
-    outputs = {"luong_global_concat": OUTPUTS["base"], "luong_global_dot": OUTPUTS["good"]}
+    outputs = {worse: OUTPUTS["base"], better: OUTPUTS["good"]}
     for name, seeds in outputs.items():
         for seed in (1, 2, 3):
             run = out / "runs" / name / f"seed{seed}"
             fixture_run(run, seed, seeds[1 + seed % 2])
-            cpu, precision = HOSTS[seed] if name == "luong_global_dot" else ("Host A", "bf16")
+            cpu, precision = HOSTS[seed] if name == better else ("Host A", "bf16")
             results = json.loads((run / "results.json").read_text())
-            speed = (2000.0 if name == "luong_global_dot" else 1000.0) * (4 if cpu == "Host B" else 1)
+            speed = (2000.0 if name == better else 1000.0) * (4 if cpu == "Host B" else 1)
             results.update(train_tokens=speed * 10 + seed, train_cpu_s=10.0, precision=precision)
             (run / "results.json").write_text(json.dumps(results))
             conditions = [{"threads": 1, "precision": precision, "cpu": cpu, "jobs": 2}]
@@ -37,9 +38,9 @@ def claims_folder(tmp_path: Path) -> Path:
     plan = CompareConfig(
         out=str(out),
         name="Fixture",
-        overrides={"luong_global_concat": ["model=luong"], "luong_global_dot": ["model=luong"]},
+        overrides={worse: ["model=luong"], better: ["model=luong"]},
         seeds=[1, 2, 3],
-        baseline="luong_global_concat",
+        baseline=worse,
         bootstrap=100,
         length_buckets=2,
         heatmap_lines=[0],
@@ -107,3 +108,20 @@ def test_readme_table_rows_come_from_results_json(tmp_path):
     assert cells[1] == f"{dot['bleu']['mean']:.2f} ± {dot['bleu']['std']:.2f}"
     assert cells[2] == f"{dot['delta_bleu']:+.2f}" and cells[-2] == "3"
     assert cells[3].endswith(f"p {dot['significance']['seeds']['p_value']:.3f}")
+
+
+def test_long_range_claim_is_tested_in_each_length_bucket(tmp_path):
+    out = claims_folder(tmp_path, better="transformer", worse="luong_global_general")
+    claims = tmp_path / "claims.md"
+    done = subprocess.run(
+        [sys.executable, "scripts/study_claims.py", str(out), "--out", str(claims), "--samples", "200"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in claims.read_text().splitlines() if line.startswith("| 7 |"))
+    evidence = [c.strip() for c in row.strip("|").split("|")][8]
+    # The fixture's 6 test sentences in the report's 2 length buckets (1-3 and 4-6 source words), each with A - B
+    assert "A - B by source length: 1-3 words (n=3)" in evidence and "4-6 words (n=3)" in evidence
+    assert "longest bucket: sentence bootstrap" in evidence and "seed test" in evidence
