@@ -280,7 +280,7 @@ def test_concurrent_requests_are_batched_and_match_one_at_a_time(client, models,
         assert both["model"]["name"] == one["model"]["name"] and both["decode"] == one["decode"]
         for r1, r2 in zip(one["translations"], both["translations"]):
             assert (r1["score"] is None) == (r2["score"] is None)
-            assert r1["score"] is None or abs(r1["score"] - r2["score"]) < 1e-4
+            assert r1["score"] is None or abs(r1["score"] - r2["score"]) <= 1e-3  # 4 decimals, padding-level noise
             assert ("attention" in r1) == ("attention" in r2)
 
 
