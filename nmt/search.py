@@ -68,6 +68,33 @@ def log_probs(logits: torch.Tensor, step: int, min_len: int) -> torch.Tensor:
     return logp
 
 
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=1) for a wide (R, V) x, through a fast max per block (torch's argmax on a CPU reads a
+    row several times slower): the block holding a row's first largest value is the first whose maximum
+    is largest, and that value's place in the block is the first largest there. The same index as argmax."""
+    rows, width = x.shape
+    block = next((b for b in BLOCKS if width % b == 0 and width // b > 1), None)
+    if block is None:
+        return x.argmax(1)
+    count = width // block
+    best = x.view(rows, count, block).amax(2).argmax(1)  # (R,) the block of each row's largest value
+    first = torch.arange(rows, device=x.device) * count
+    return best * block + x.reshape(rows * count, block).index_select(0, best + first).argmax(1)
+
+
+def greedy_choice(logits: torch.Tensor, step: int, min_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The argmax of log_probs(logits, step, min_len) and its log-probability, (B,) each, without writing the
+    (B, V) log-softmax: log p(y) = logit_y - logsumexp(logits) for the same forbidden tokens. `logits` must be
+    the search's own (it is masked in place)."""
+    logits = logits.float()
+    lse = logits.logsumexp(-1)  # (B,) over every token, as log_softmax normalises
+    logits[:, PAD] = logits[:, BOS] = float("-inf")
+    if step < min_len:
+        logits[:, EOS] = float("-inf")
+    tokens = row_argmax(logits)
+    return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - lse
+
+
 def _hypothesis(tokens: list[int], score: float, attention: torch.Tensor, alpha: float) -> Hypothesis:
     """A finished output; `tokens` are all steps, a final EOS is dropped from them (not from attention)."""
     steps = len(tokens)
@@ -185,13 +212,14 @@ def _one_path(
     src: torch.Tensor,
     src_mask: torch.Tensor,
     max_len: torch.Tensor,
-    choose: Chooser,
+    choose: Chooser | None,
     min_len: int,
     alpha: float,
     prefix: torch.Tensor | None = None,
     repetition: Repetition = NO_REPETITION,
 ) -> list[Hypothesis]:
-    """Follow one token per step in every row; a row leaves the batch when it emits EOS or hits max_len."""
+    """Follow one token per step in every row (`choose`; None: the most probable); a row leaves the batch when it
+    emits EOS or hits max_len."""
     enc = model.encode(src, src_mask)
     state, pre = start(model, enc, model.init_state(enc), prefix, min_len, repetition)
     offset = pre.length if pre else 0
@@ -209,13 +237,18 @@ def _one_path(
             logits, attn = pre.logits, pre.attn
         else:
             logits, state, attn = model.step(prev, enc, state)  # (B, V), state, (B, S)
-        if repetition.active:
-            logp = scores_of(logits, t + offset, min_len, torch.cat([history[active], out[active, :t]], 1), repetition)
+        if choose is None and not repetition.active and not (t == 0 and pre is not None):
+            prev, gained = greedy_choice(logits, t + offset, min_len)  # greedy: no (B, V) log-softmax
         else:
-            logp = log_probs(logits, t + offset, min_len)
-        prev = choose(logp)
+            if repetition.active:
+                history_t = torch.cat([history[active], out[active, :t]], 1)
+                logp = scores_of(logits, t + offset, min_len, history_t, repetition)
+            else:
+                logp = log_probs(logits, t + offset, min_len)
+            prev = row_argmax(logp) if choose is None else choose(logp)
+            gained = logp.gather(1, prev[:, None]).squeeze(1)
         out[active, t], attn_out[active, t] = prev, attn.float()
-        scores[active] += logp.gather(1, prev[:, None]).squeeze(1)
+        scores[active] += gained
         live = (prev != EOS) & (max_len[active] > t + 1)
         if not bool(live.all()):
             lengths[active[~live]] = t + 1
@@ -249,7 +282,7 @@ def greedy_search(
     repetition: Repetition = NO_REPETITION,
 ) -> list[Hypothesis]:
     """The most probable token at each step; one hypothesis per sentence (alpha only sets norm_score)."""
-    return _one_path(model, src, src_mask, max_len, lambda logp: logp.argmax(-1), min_len, alpha, prefix, repetition)
+    return _one_path(model, src, src_mask, max_len, None, min_len, alpha, prefix, repetition)
 
 
 def filter_logits(logp: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -293,7 +326,7 @@ def sample_search(
 
 # --- beam search -------------------------------------------------------------------------------
 
-BLOCKS = (64, 50, 40, 32)  # row_topk cuts a row into blocks of the first of these sizes that divides it
+BLOCKS = (64, 50, 40, 32)  # row_topk and row_argmax cut a row into blocks of the first of these sizes that divides it
 
 
 def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

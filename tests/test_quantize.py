@@ -105,3 +105,28 @@ def test_bf16_rows_are_padded_to_few_shapes():
     )  # at most 7 rows or 25% more
     assert len(set(sizes)) < 50  # oneDNN keeps memory per shape: thousands of row counts meet a few dozen shapes
     assert bucket(64) == 64 and bucket(320) == 320 and bucket(65) == 80
+
+
+def test_int8_vocabulary_layer_rows_are_independent_of_their_batch():
+    """A layer of ONEDNN_MIN_OUT outputs or more takes oneDNN's int8 product on a CPU (one input range for the
+    whole tensor): a row still gets exactly what it gets alone, as precise as the torch._int_mm path, and the
+    layer pickles (its packed weights are made again in the process that runs it)."""
+    import pickle
+
+    from nmt.models.quantize import ONEDNN_MIN_OUT, onednn_int8
+
+    torch.manual_seed(0)
+    linear = nn.Linear(64, ONEDNN_MIN_OUT)
+    layer = Int8Linear(linear)
+    x = torch.randn(6, 64) * torch.logspace(-3, 1, 6)[:, None]  # rows of very different scales
+    with torch.no_grad():
+        got, want = layer(x), linear(x)
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(6)])
+        small = layer.rows(torch.arange(300))  # a shortlist's cut: torch._int_mm
+        near = (small(x) - got[:, :300]).norm(dim=-1) / got[:, :300].norm(dim=-1)  # the two int8 paths agree
+        assert small.out_features == 300 and float(near.max()) < 0.02
+        copy = pickle.loads(pickle.dumps(layer))
+        assert copy._packed is None and torch.equal(copy(x), got)
+    assert torch.equal(alone, got)
+    assert float(((got - want).norm(dim=-1) / want.norm(dim=-1)).max()) < 0.02
+    assert (layer._packed is not False) == onednn_int8()  # oneDNN where this torch has it

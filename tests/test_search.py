@@ -281,3 +281,32 @@ def test_the_early_exit_returns_what_the_search_without_it_returns_in_fewer_step
         assert rows_exit <= rows_full
         fewer += rows_exit < rows_full
     assert fewer >= 1  # at alpha 0 the exit saves steps on these sentences
+
+
+@pytest.mark.parametrize("width", [8000, 6350, 40, 37])  # blocks of 64, of 50; one block or none: plain argmax
+def test_row_argmax_and_row_topk_equal_torch_with_ties(width):
+    from nmt.search import row_argmax, row_topk
+
+    g = torch.Generator().manual_seed(width)
+    x = torch.randint(-5, 6, (9, width), generator=g).float()  # few distinct values: ties everywhere
+    x[0] = 3.0  # a row of equal values
+    x[1, -1] = 100.0  # the largest value last
+    assert torch.equal(row_argmax(x), x.argmax(1))  # the first largest, as argmax
+    y = torch.randn(9, width, generator=g)
+    values, index = row_topk(y, 5)
+    want = y.topk(5, dim=1)
+    assert torch.equal(values, want.values) and torch.equal(index, want.indices)
+
+
+@pytest.mark.parametrize("step, min_len", [(0, 0), (1, 3)])
+def test_greedy_choice_equals_argmax_of_log_probs(step, min_len):
+    from nmt.search import greedy_choice, log_probs
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 640, generator=g) * 4
+    logits[0, PAD] = logits[1, BOS] = logits[2, EOS] = 50.0  # the forbidden tokens are the largest logits
+    logp = log_probs(logits.clone(), step, min_len)
+    tokens, gained = greedy_choice(logits.clone(), step, min_len)
+    assert torch.equal(tokens, logp.argmax(1)) and not bool(torch.isin(tokens, torch.tensor([PAD, BOS])).any())
+    assert (int(tokens[2]) == EOS) == (step >= min_len)
+    assert torch.allclose(gained, logp.gather(1, tokens[:, None]).squeeze(1), atol=1e-5)
