@@ -130,3 +130,45 @@ def test_int8_vocabulary_layer_rows_are_independent_of_their_batch():
     assert torch.equal(alone, got)
     assert float(((got - want).norm(dim=-1) / want.norm(dim=-1)).max()) < 0.02
     assert (layer._packed is not False) == onednn_int8()  # oneDNN where this torch has it
+
+
+def test_fused_projections_compute_what_the_separate_ones_do():
+    """Decoding models (to_precision) multiply Q/K/V (self-attention) and K/V (cross-attention) in one product each;
+    teacher forcing, cached steps and searches give what the model with separate projections gives."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=32, layers=2, dropout=0.0, arch="transformer", heads=4, ffn_dim=64)
+    separate = build_model(cfg, VOCAB, VOCAB, joint=True).eval()
+    torch.manual_seed(0)
+    fused = to_precision(build_model(cfg, VOCAB, VOCAB, joint=True).eval(), "fp32")  # same weights, then fused
+    assert not hasattr(fused.encoder.layers[0].attn, "q_proj")  # the separate layers are dropped
+    layer = fused.decoder.layers[1]
+    assert layer.self_attn.qkv_proj.out_features == 3 * 32 and layer.cross_attn.kv_proj.out_features == 2 * 32
+    assert hasattr(layer.cross_attn, "q_proj") and not hasattr(layer.cross_attn, "k_proj")
+    to_precision(fused, "fp32")  # a second conversion changes nothing
+    batch = random_batch(VOCAB, src_lens=(7, 3, 5, 1), tgt_lens=(6, 2, 4, 3), seed=4)
+    with torch.no_grad():
+        want = separate(batch.src, batch.src_mask, batch.tgt_in)
+        got = fused(batch.src, batch.src_mask, batch.tgt_in)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        max_len = torch.full((4,), 8)
+        for search in (
+            lambda m: greedy_search(m, batch.src, batch.src_mask, max_len),
+            lambda m: [h[0] for h in beam_search(m, batch.src, batch.src_mask, max_len, 3)],
+        ):
+            a, b = search(separate), search(fused)
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+    int8 = to_precision(build_model(cfg, VOCAB, VOCAB, joint=True).eval(), "int8")
+    assert isinstance(int8.decoder.layers[0].self_attn.qkv_proj, Int8Linear)  # fused before quantizing
+
+
+def test_short_softmax_equals_softmax_for_short_rows():
+    from nmt.models.transformer import short_softmax
+
+    torch.manual_seed(0)
+    for width in (1, 2, 7, 15):
+        scores = torch.randn(6, 4, 3, width) * 5
+        scores[0, 0, 0, 0] = float("-inf")  # a masked key
+        if width == 1:
+            scores[0, 0, 0, 0] = 0.0
+        torch.testing.assert_close(short_softmax(scores), scores.softmax(-1), rtol=0, atol=1e-6)

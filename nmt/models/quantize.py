@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.models.attention import Attention
+from nmt.models.packed import pack_linears
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -186,12 +187,19 @@ LINEARS: dict[str, type[nn.Module]] = {"bf16": Bf16Linear, "int8": Int8Linear}
 
 
 def to_precision(model: nn.Module, precision: str) -> nn.Module:
-    """Replace, in place, every nn.Linear outside the attention scorers by its `precision` version;
-    fp32 changes nothing."""
+    """The model for decoding, changed in place: the projections that read the same input fused into one
+    product (layers with a `fuse_projections` method: a Transformer's Q/K/V), then every nn.Linear outside the
+    attention scorers replaced by its `precision` version (fp32: the decoder's run on MKL's packed product on a
+    CPU, nmt.models.packed)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision}: expected one of {', '.join(PRECISIONS)}")
+    for layer in list(model.modules()):
+        if hasattr(layer, "fuse_projections"):
+            layer.fuse_projections()
     if precision != "fp32":
         _replace_linears(model, LINEARS[precision])
+    elif isinstance(getattr(model, "decoder", None), nn.Module):
+        pack_linears(model.decoder, skip=(Attention,))
     return model.eval()
 
 

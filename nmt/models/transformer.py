@@ -73,8 +73,19 @@ def explicit_products(q: torch.Tensor, dropout: float) -> bool:
     return q.device.type == "cpu" and (q.dtype != torch.float32 or dropout > 0)
 
 
+def short_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """softmax(-1) of rows shorter than 16 (a step's first keys, a short source), padded to 16 with -inf: torch's
+    CPU kernel computes rows shorter than its vector scalar by scalar, 4-5x slower (60 us against 12 for (64, 4,
+    1, 15)). The values differ from softmax's in the last bit (a vectorized exp), so only decoding copies of the
+    model use it (`MultiHeadAttention.fuse`), never training or its validation."""
+    width = scores.size(-1)
+    return F.pad(scores, (0, 16 - width), value=float("-inf")).softmax(-1)[..., :width]
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention; `scale=False` drops the 1/sqrt(D) factor."""
+
+    decoding = False  # a decoding copy (fused projections, short_softmax): set by `fuse`
 
     def __init__(self, dim: int, heads: int, dropout: float, scale: bool = True):
         super().__init__()
@@ -89,7 +100,52 @@ class MultiHeadAttention(nn.Module):
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Projected keys and values, each (B, N, L, D)."""
+        if hasattr(self, "kv_proj"):
+            return self.split_many(self.kv_proj(x), 2)
         return self.split(self.k_proj(x)), self.split(self.v_proj(x))
+
+    def split_many(self, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
+        """(B, L, parts * H), the outputs of a fused projection -> `parts` views (B, N, L, D)."""
+        x = x.view(x.size(0), x.size(1), parts, self.heads, self.head_dim)
+        return tuple(x[:, :, i].transpose(1, 2) for i in range(parts))
+
+    def fuse(self, queries: bool) -> None:
+        """For decoding: one product instead of three (queries: self-attention, qkv_proj = [Q; K; V]) or two
+        (cross-attention, kv_proj = [K; V]); the weights are concatenated by output unit, so each output is the
+        same dot product as before (bit-identical on MKL). The separate layers are dropped, and the module becomes a
+        decoding copy (`decoding`: short rows' softmax through `short_softmax`)."""
+        names = ("q_proj", "k_proj", "v_proj") if queries else ("k_proj", "v_proj")
+        if not hasattr(self, names[-1]):
+            return  # fused already
+        parts = [getattr(self, name) for name in names]
+        fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), device=parts[0].weight.device)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([p.weight for p in parts]))
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+        fused.requires_grad_(parts[0].weight.requires_grad)
+        for name in names:
+            delattr(self, name)
+        setattr(self, "qkv_proj" if queries else "kv_proj", fused)
+        self.decoding = True
+
+    def self_attend(
+        self,
+        x: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Self-attention of x (B, L, H), after the cached keys/values (B, N, t, D) if given ->
+        (B, L, H), weights (B, N, L, t + L) or None, and the keys/values (B, N, t + L, D)."""
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.split_many(self.qkv_proj(x), 3)
+        else:
+            q, (k, v) = self.split(self.q_proj(x)), self.keys_values(x)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        out, weights = self.attend_projected(q, k, v, mask, causal, need_weights)
+        return out, weights, (k, v)
 
     def attend(
         self,
@@ -101,7 +157,18 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """query (B, T, H), k/v (B, N, L, D), mask broadcastable to (B, N, T, L) -> (B, T, H), weights (B, N, T, L)."""
-        q = self.split(self.q_proj(query))  # (B, N, T, D)
+        return self.attend_projected(self.split(self.q_proj(query)), k, v, mask, causal, need_weights)
+
+    def attend_projected(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`attend` for projected queries q (B, N, T, D)."""
         dropout = self.dropout if self.training else 0.0
         if need_weights or explicit_products(q, dropout):
             scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, N, T, L)
@@ -109,7 +176,7 @@ class MultiHeadAttention(nn.Module):
                 mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
-            weights = scores.softmax(-1)
+            weights = short_softmax(scores) if self.decoding and scores.size(-1) < 16 else scores.softmax(-1)
             out = drop(weights, dropout, self.training) @ v
             weights = weights if need_weights else None
         else:
@@ -117,7 +184,7 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=self.scale
             )
             weights = None
-        out = out.transpose(1, 2).reshape(query.size(0), query.size(1), -1)  # (B, T, H)
+        out = out.transpose(1, 2).reshape(q.size(0), q.size(2), -1)  # (B, T, H)
         return self.out_proj(out), weights
 
 
@@ -149,8 +216,11 @@ class EncoderLayer(nn.Module):
         self.res_attn, self.res_ffn = Residual(dim, dropout, norm), Residual(dim, dropout, norm)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.res_attn(x, lambda h: self.attn.attend(h, *self.attn.keys_values(h), mask=mask)[0])
+        x = self.res_attn(x, lambda h: self.attn.self_attend(h, mask=mask)[0])
         return self.res_ffn(x, self.ffn)
+
+    def fuse_projections(self) -> None:
+        self.attn.fuse(queries=True)
 
 
 class TransformerEncoder(nn.Module):
@@ -182,8 +252,12 @@ class DecoderLayer(nn.Module):
         self, x: torch.Tensor, cross_kv: tuple[torch.Tensor, torch.Tensor], src_mask: torch.Tensor, need_weights: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher forcing: x (B, T, H), causal self-attention -> (B, T, H), cross weights (B, N, T, S) or None."""
-        x = self.res_self(x, lambda h: self.self_attn.attend(h, *self.self_attn.keys_values(h), causal=True)[0])
+        x = self.res_self(x, lambda h: self.self_attn.self_attend(h, causal=True)[0])
         return self._cross_and_ffn(x, cross_kv, src_mask, need_weights)
+
+    def fuse_projections(self) -> None:
+        self.self_attn.fuse(queries=True)
+        self.cross_attn.fuse(queries=False)
 
     def step(
         self,
@@ -209,12 +283,10 @@ class DecoderLayer(nn.Module):
         )
 
         def self_block(h: torch.Tensor) -> torch.Tensor:
-            k, v = self.self_attn.keys_values(h)  # (R, N, P, D)
-            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
-            new_cache.append((k, v))
-            return self.self_attn.attend(h, k, v, mask=causal, need_weights=True)[
-                0
-            ]  # a few queries per row: explicit products beat SDPA's kernel
+            # a few queries per row: explicit products (need_weights) beat SDPA's kernel
+            out, _, kv = self.self_attn.self_attend(h, cache, mask=causal, need_weights=True)
+            new_cache.append(kv)  # (R, N, t + P, D) each
+            return out
 
         x = self.res_self(x, self_block)
         x, weights = self._cross_and_ffn(x, cross_kv, src_mask, need_weights, explicit=True)

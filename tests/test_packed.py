@@ -1,0 +1,64 @@
+"""nmt.models.packed: decoding's fp32 linear layers on MKL's packed product give what nn.Linear gives."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.models.packed import MIN_ROWS, PackedLinear, mkl_packed, pack_linears
+
+needs_mkl = pytest.mark.skipif(mkl_packed() is None, reason="this torch has no MKL")
+
+
+@needs_mkl
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("inner, out", [(32, 48), (256, 768), (1024, 256)])
+def test_packed_product_equals_linear_for_every_row_count(inner, out, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(inner, out, bias=bias)
+    packed = PackedLinear(linear)
+    with torch.inference_mode():
+        for rows in (1, MIN_ROWS - 1, MIN_ROWS, 17, 64, 300):
+            x = torch.randn(rows, 1, inner)
+            got = packed(x)
+            assert got.shape == (rows, 1, out)
+            torch.testing.assert_close(got, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+        assert packed._packed is not None  # the product ran on the packed weight
+        x = torch.randn(5, 20, inner).transpose(0, 1)  # not contiguous
+        torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
+def test_packed_weight_follows_changes_and_copies_and_gradients():
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 24)
+    packed = PackedLinear(linear)
+    assert packed.weight is linear.weight  # shared, so a tied output layer stays tied
+    x = torch.randn(MIN_ROWS + 3, 16)
+    with torch.no_grad():
+        packed(x)
+        linear.weight.mul_(2.0)  # changed in place: packed again
+        torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+    clone = pickle.loads(pickle.dumps(packed))  # each process packs its own
+    assert clone._packed is None
+    torch.testing.assert_close(clone(x), packed(x), rtol=1e-5, atol=1e-5)
+    assert copy.deepcopy(packed)._packed is None
+    y = packed(x.requires_grad_())  # gradients wanted: torch's own product
+    y.sum().backward()
+    assert x.grad is not None and linear.weight.grad is not None
+
+
+def test_pack_linears_keeps_skipped_modules_and_state_dict_keys():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.LayerNorm(4))
+    keys = list(model.state_dict())
+    pack_linears(model)
+    assert list(model.state_dict()) == keys  # exports and checkpoints see the same parameters
+    if mkl_packed() is not None:
+        assert type(model[0]) is PackedLinear and type(model[1][0]) is PackedLinear
+    inner = nn.Sequential(nn.Linear(4, 4))
+    outer = nn.Sequential(inner, nn.Linear(4, 4))
+    pack_linears(outer, skip=(type(inner),))
+    assert type(inner[0]) is nn.Linear  # inside a skipped module: unchanged
