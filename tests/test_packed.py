@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.models.packed import MIN_ROWS, PackedLinear, mkl_packed, pack_linears
+from nmt.models.packed import MIN_ROWS, PackedLinear, mkl_packed
 
 needs_mkl = pytest.mark.skipif(mkl_packed() is None, reason="this torch has no MKL")
 
@@ -51,14 +51,15 @@ def test_packed_weight_follows_changes_and_copies_and_gradients():
     assert x.grad is not None and linear.weight.grad is not None
 
 
-def test_pack_linears_keeps_skipped_modules_and_state_dict_keys():
-    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.LayerNorm(4))
-    keys = list(model.state_dict())
-    pack_linears(model)
-    assert list(model.state_dict()) == keys  # exports and checkpoints see the same parameters
-    if mkl_packed() is not None:
-        assert type(model[0]) is PackedLinear and type(model[1][0]) is PackedLinear
-    inner = nn.Sequential(nn.Linear(4, 4))
-    outer = nn.Sequential(inner, nn.Linear(4, 4))
-    pack_linears(outer, skip=(type(inner),))
-    assert type(inner[0]) is nn.Linear  # inside a skipped module: unchanged
+def test_decoding_models_run_their_decoder_on_packed_products():
+    from nmt.config import ModelConfig
+    from nmt.models.quantize import to_precision
+    from nmt.models.seq2seq import build_model
+
+    model = build_model(ModelConfig(arch="transformer", dim=32, layers=1, heads=4, ffn_dim=64), 40, 40, joint=True)
+    to_precision(model, "fp32")
+    linears = [m for m in model.decoder.modules() if isinstance(m, nn.Linear)]
+    assert all(type(m) is (PackedLinear if mkl_packed() else nn.Linear) for m in linears)
+    assert model.decoder.output.weight is model.decoder.embed.tokens.weight  # still tied
+    keys = set(model.decoder.state_dict())
+    assert {"layers.0.self_attn.qkv_proj.weight", "layers.0.cross_attn.kv_proj.weight"} <= keys

@@ -117,17 +117,3 @@ class PackedLinear(nn.Linear):
             out,
         )
         return y.view(*x.shape[:-1], out)
-
-
-def pack_linears(module: nn.Module, skip: tuple[type, ...] = ()) -> None:
-    """Replace, in place, every nn.Linear under `module` (outside modules of the types `skip`) by a PackedLinear,
-    where this torch has MKL; elsewhere change nothing."""
-    if mkl_packed() is None:
-        return
-    for name, child in module.named_children():
-        if isinstance(child, skip):
-            continue
-        if type(child) is nn.Linear:
-            setattr(module, name, PackedLinear(child))
-        else:
-            pack_linears(child, skip)

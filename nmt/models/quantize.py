@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.models.attention import Attention
-from nmt.models.packed import pack_linears
+from nmt.models.packed import PackedLinear, mkl_packed
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -198,8 +198,8 @@ def to_precision(model: nn.Module, precision: str) -> nn.Module:
             layer.fuse_projections()
     if precision != "fp32":
         _replace_linears(model, LINEARS[precision])
-    elif isinstance(getattr(model, "decoder", None), nn.Module):
-        pack_linears(model.decoder, skip=(Attention,))
+    elif isinstance(getattr(model, "decoder", None), nn.Module) and mkl_packed() is not None:
+        _replace_linears(model.decoder, PackedLinear)
     return model.eval()
 
 

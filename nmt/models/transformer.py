@@ -148,16 +148,11 @@ class MultiHeadAttention(nn.Module):
         return out, weights, (k, v)
 
     def attend(
-        self,
-        query: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        causal: bool = False,
-        need_weights: bool = False,
+        self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """query (B, T, H), k/v (B, N, L, D), mask broadcastable to (B, N, T, L) -> (B, T, H), weights (B, N, T, L)."""
-        return self.attend_projected(self.split(self.q_proj(query)), k, v, mask, causal, need_weights)
+        """query (B, T, H), k/v (B, N, L, D) -> (B, T, H), weights (B, N, T, L); options (mask broadcastable to
+        (B, N, T, L), causal, need_weights) as in `attend_projected`."""
+        return self.attend_projected(self.split(self.q_proj(query)), k, v, **options)
 
     def attend_projected(
         self,
