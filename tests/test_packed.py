@@ -46,6 +46,9 @@ def test_packed_weight_follows_changes_and_copies_and_gradients():
     assert clone._packed is None
     torch.testing.assert_close(clone(x), packed(x), rtol=1e-5, atol=1e-5)
     assert copy.deepcopy(packed)._packed is None
+    with torch.inference_mode():  # a layer made under inference mode: its weight keeps no version counter
+        made = PackedLinear(nn.Linear(16, 24))
+        torch.testing.assert_close(made(x), F.linear(x, made.weight, made.bias), rtol=1e-5, atol=1e-5)
     y = packed(x.requires_grad_())  # gradients wanted: torch's own product
     y.sum().backward()
     assert x.grad is not None and linear.weight.grad is not None

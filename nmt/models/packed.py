@@ -51,6 +51,14 @@ def mkl_packed() -> ctypes.CDLL | None:
     return lib
 
 
+def _version(tensor: torch.Tensor) -> int:
+    """The tensor's in-place change counter; an inference tensor (made under torch.inference_mode) keeps none."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -1
+
+
 class PackedLinear(nn.Linear):
     """An nn.Linear (the same parameters, shared: a tied output layer stays tied) whose CPU fp32 products of
     at least MIN_ROWS rows run on MKL's packed weight."""
@@ -68,7 +76,7 @@ class PackedLinear(nn.Linear):
 
     def _pack(self, lib: ctypes.CDLL) -> torch.Tensor:
         weight = self.weight
-        key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+        key = (weight.data_ptr(), _version(weight), tuple(weight.shape))
         if self._packed is None or self._packed[0] != key:
             w = weight.detach().contiguous()  # (O, I): B = W^T, read transposed
             out, inner = self.out_features, self.in_features
