@@ -44,7 +44,26 @@ def by_sentence(rows: torch.Tensor, sentences: int) -> torch.Tensor:
 
 def reorder(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
     """Select rows (dim 0) of every tensor: beam reordering, tiling, or dropping finished sentences."""
-    return {key: value.index_select(0, index) for key, value in tensors.items()}
+    return {key: select_rows(value, index) for key, value in tensors.items()}
+
+
+def select_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x.index_select(0, index). A tensor that is the first positions of a larger buffer (R, N, room, D) along dim 2
+    (a Transformer decoding copy's self-attention cache, allocated ahead) keeps its room: its rows are copied
+    into a new buffer of the same room, so the next step can write there instead of copying the cache again."""
+    if (
+        x.dim() == 4
+        and x.size(2) > 0
+        and x.stride(3) == 1
+        and x.stride(2) == x.size(3)
+        and x.stride(1) > x.size(2) * x.stride(2)
+        and x.stride(0) == x.size(1) * x.stride(1)
+    ):
+        buffer = x.new_empty(index.numel(), x.size(1), x.stride(1) // x.stride(2), x.size(3))
+        rows = buffer[:, :, : x.size(2)]
+        torch.index_select(x, 0, index, out=rows)
+        return rows
+    return x.index_select(0, index)
 
 
 class Seq2Seq(nn.Module):

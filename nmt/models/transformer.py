@@ -79,13 +79,19 @@ def short_softmax(scores: torch.Tensor) -> torch.Tensor:
     1, 15)). The values differ from softmax's in the last bit (a vectorized exp), so only decoding copies of the
     model use it (`MultiHeadAttention.fuse`), never training or its validation."""
     width = scores.size(-1)
-    return F.pad(scores, (0, 16 - width), value=float("-inf")).softmax(-1)[..., :width]
+    return F.pad(scores, (0, SHORT - width), value=float("-inf")).softmax(-1)[..., :width]
+
+
+SHORT = 16  # rows of fewer keys than this go through short_softmax; a decoding copy pads its cross-attention keys
+# to at least this many (`TransformerDecoder.prepare`), so their scores never need it
+ROOM = 16  # positions a decoding copy's self-attention cache is allocated ahead (at least; see `_grown`)
 
 
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention; `scale=False` drops the 1/sqrt(D) factor."""
 
     decoding = False  # a decoding copy (fused projections, short_softmax): set by `fuse`
+    prescaled = False  # the query projection's weights already carry the 1/sqrt(D) factor: set by `fuse`
 
     def __init__(self, dim: int, heads: int, dropout: float, scale: bool = True):
         super().__init__()
@@ -127,6 +133,21 @@ class MultiHeadAttention(nn.Module):
             delattr(self, name)
         setattr(self, "qkv_proj" if queries else "kv_proj", fused)
         self.decoding = True
+        self._prescale(fused if queries else self.q_proj)
+
+    def _prescale(self, projection: nn.Linear) -> None:
+        """Multiply the query rows (the first H outputs) of `projection` by the 1/sqrt(D) factor, so no step
+        scales its scores. Only for a power of two (D = 4, 16, 64, 256, ...): then every score is exactly the
+        same number as before (a power-of-two factor moves the exponent, never the rounding)."""
+        mantissa, _ = math.frexp(self.scale)
+        if self.scale == 1.0 or mantissa != 0.5:
+            return
+        rows = self.heads * self.head_dim
+        with torch.no_grad():
+            projection.weight[:rows].mul_(self.scale)
+            if projection.bias is not None:
+                projection.bias[:rows].mul_(self.scale)
+        self.prescaled = True
 
     def self_attend(
         self,
@@ -165,18 +186,21 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`attend` for projected queries q (B, N, T, D)."""
         dropout = self.dropout if self.training else 0.0
+        scale = 1.0 if self.prescaled else self.scale
         if need_weights or explicit_products(q, dropout):
-            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, N, T, L)
+            scores = q @ k.transpose(-2, -1)  # (B, N, T, L)
+            if scale != 1.0:
+                scores = scores * scale
             if causal:
                 mask = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
-            weights = short_softmax(scores) if self.decoding and scores.size(-1) < 16 else scores.softmax(-1)
+            weights = short_softmax(scores) if self.decoding and scores.size(-1) < SHORT else scores.softmax(-1)
             out = drop(weights, dropout, self.training) @ v
             weights = weights if need_weights else None
         else:
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=self.scale
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale
             )
             weights = None
         out = out.transpose(1, 2).reshape(q.size(0), q.size(2), -1)  # (B, T, H)
@@ -287,6 +311,52 @@ class DecoderLayer(nn.Module):
         x, weights = self._cross_and_ffn(x, cross_kv, src_mask, need_weights, explicit=True)
         return x, new_cache[0], weights
 
+    def step_one(
+        self,
+        x: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        t: int,
+        cross_kv: tuple[torch.Tensor, torch.Tensor],
+        cross_bias: torch.Tensor,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`step` for one position per row in a decoding copy: x (R, 1, H); the row's key and value are written
+        at position t of the caches (R, N, >= t + 1, D), whose first t positions hold the earlier ones. The
+        cross-attention keys/values (B, N, W, D) are padded to W >= SHORT positions, and cross_bias (B, 1, 1, W)
+        is 0 where a key may be attended and -inf elsewhere (source padding, the positions added). The same
+        numbers as `step` (masked_fill and the short rows' padding are the same -inf), fewer operations: no
+        cache concatenation, no mask inversion, no scaling (`MultiHeadAttention.prescaled`).
+        Returns x (R, 1, H) and the cross weights (B, N, R // B, W) or None."""
+        rows = x.size(0)
+        keys, values = cache
+        kept: list[torch.Tensor | None] = []
+
+        def self_block(h: torch.Tensor) -> torch.Tensor:
+            att = self.self_attn
+            q, k, v = att.qkv_proj(h).view(rows, 3, att.heads, att.head_dim).unbind(1)  # (R, N, D) each
+            keys[:, :, t] = k
+            values[:, :, t] = v
+            scores = q[:, :, None] @ keys[:, :, : t + 1].transpose(-2, -1)  # (R, N, 1, t + 1)
+            if not att.prescaled:
+                scores = scores * att.scale
+            weights = short_softmax(scores) if t + 1 < SHORT else scores.softmax(-1)
+            return att.out_proj((weights @ values[:, :, : t + 1]).view(rows, 1, -1))
+
+        def cross_block(h: torch.Tensor) -> torch.Tensor:
+            att, (k, v) = self.cross_attn, cross_kv
+            sentences = k.size(0)
+            q = att.q_proj(h).view(sentences, rows // sentences, att.heads, att.head_dim).transpose(1, 2)  # (B,N,G,D)
+            scores = q @ k.transpose(-2, -1)  # (B, N, G, W)
+            if not att.prescaled:
+                scores = scores * att.scale
+            weights = (scores + cross_bias).softmax(-1)
+            kept.append(weights if need_weights else None)
+            return att.out_proj((weights @ v).transpose(1, 2).reshape(rows, 1, -1))
+
+        x = self.res_self(x, self_block)
+        x = self.res_cross(x, cross_block)
+        return self.res_ffn(x, self.ffn), kept[0]
+
     def _cross_and_ffn(
         self,
         x: torch.Tensor,
@@ -382,17 +452,65 @@ class TransformerDecoder(nn.Module):
         computed once.
 
         Stored contiguous, so the steps' products read them in place (a head-split view would be copied at every step).
+        A decoding copy (`decoding`) pads them with zeros to at least SHORT positions and adds "cross_bias"
+        (B, 1, 1, W): 0 where a key may be attended, -inf at source padding and the added positions.
         """
         prepared = dict(enc)
+        src_mask = enc["src_mask"]  # (B, S)
+        extra = max(SHORT - src_mask.size(1), 0) if self.decoding else 0
         for i, (k, v) in enumerate(self._cross_kv(enc)):
+            if extra:
+                k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))
             prepared[f"cross_k{i}"], prepared[f"cross_v{i}"] = k.contiguous(), v.contiguous()
+        if self.decoding:
+            allowed = F.pad(src_mask, (0, extra), value=False)[:, None, None, :]  # (B, 1, 1, W)
+            bias = torch.zeros(allowed.shape, dtype=prepared["cross_k0"].dtype, device=src_mask.device)
+            prepared["cross_bias"] = bias.masked_fill_(~allowed, float("-inf"))
         return prepared
+
+    @property
+    def decoding(self) -> bool:
+        """Whether this is a decoding copy (fused projections: `to_precision`), which steps through `step_one`."""
+        return bool(self.layers) and self.layers[0].cross_attn.decoding
 
     def init_state(self, enc: Enc) -> State:
         """Empty self-attention caches "self_k{i}", "self_v{i}" (B, N, 0, D) of the keys' dtype,
-        one row per sentence (enc from `prepare`)."""
+        one row per sentence (enc from `prepare`). A decoding copy's are views of buffers with ROOM positions
+        allocated, with "self_end" (B,): how many positions of those buffers hold keys (see `_grown`)."""
+        if self.decoding:
+            return self._grown(enc["cross_k0"][:, :, :0], {}, 0)
         empty = enc["cross_k0"][:, :, :0]
         return {f"self_{kv}{i}": empty for i in range(len(self.layers)) for kv in "kv"}
+
+    def _grown(self, like: torch.Tensor, state: State, t: int) -> State:
+        """The caches of `state` (t positions, or none: `like` gives the shape) copied into new buffers with room for
+        at least ROOM more positions, as views of their first t; "self_end" (R,) says t are written.
+
+        A step writes its keys in place at position t when the caches' buffers have room and "self_end" says that
+        exactly t positions are written (this state is the buffers' latest); a state stepped a second time, or
+        one whose buffers are full or were not made here, is grown first. `seq2seq.reorder` keeps the room."""
+        rows, heads, _, dim = like.shape
+        room = t + max(ROOM, t // 2)
+        grown: State = {}
+        for i in range(len(self.layers)):
+            for kv in "kv":
+                buffer = like.new_empty(rows, heads, room, dim)
+                if t:
+                    buffer[:, :, :t] = state[f"self_{kv}{i}"]
+                grown[f"self_{kv}{i}"] = buffer[:, :, :t]
+        grown["self_end"] = torch.full((rows,), t, dtype=torch.long, device=like.device)
+        return grown
+
+    def _writable(self, state: State, t: int) -> bool:
+        """Whether a step may write position t of `state`'s cache buffers in place (see `_grown`)."""
+        end, keys = state.get("self_end"), state["self_k0"]
+        return (
+            end is not None
+            and end.numel() > 0
+            and int(end[0]) == t
+            and keys.stride(1) >= (t + 1) * keys.stride(2)
+            and keys.stride(0) == keys.size(1) * keys.stride(1)
+        )
 
     def step(
         self, prev: torch.Tensor, enc: Enc, state: State, output: nn.Module | None = None
@@ -410,18 +528,30 @@ class TransformerDecoder(nn.Module):
         t = state["self_k0"].size(2)
         rows, positions = tokens.shape
         x = self.embed(tokens, offset=t)  # (R, P, H)
-        src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
+        width = enc["src_mask"].size(1)  # S
         new_state: State = {}
         weights = None
-        for i, layer in enumerate(self.layers):
-            cache = (state[f"self_k{i}"], state[f"self_v{i}"])
-            cross = (enc[f"cross_k{i}"], enc[f"cross_v{i}"])
-            x, (new_state[f"self_k{i}"], new_state[f"self_v{i}"]), weights = layer.step(
-                x, cache, cross, src_mask, i == len(self.layers) - 1
-            )
+        if positions == 1 and self.decoding:
+            if not self._writable(state, t):
+                state = self._grown(state["self_k0"], state, t)
+            for i, layer in enumerate(self.layers):
+                cache = (state[f"self_k{i}"], state[f"self_v{i}"])
+                buffers = tuple(c.as_strided((c.size(0), c.size(1), t + 1, c.size(3)), c.stride()) for c in cache)
+                cross = (enc[f"cross_k{i}"], enc[f"cross_v{i}"])
+                x, weights = layer.step_one(x, buffers, t, cross, enc["cross_bias"], i == len(self.layers) - 1)
+                new_state[f"self_k{i}"], new_state[f"self_v{i}"] = buffers
+            new_state["self_end"] = state["self_end"].fill_(t + 1)
+        else:
+            src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
+            for i, layer in enumerate(self.layers):
+                cache = (state[f"self_k{i}"], state[f"self_v{i}"])
+                cross = (enc[f"cross_k{i}"][:, :, :width], enc[f"cross_v{i}"][:, :, :width])
+                x, (new_state[f"self_k{i}"], new_state[f"self_v{i}"]), weights = layer.step(
+                    x, cache, cross, src_mask, i == len(self.layers) - 1
+                )
         logits = (output or self.output)(self.final_norm(x))  # (R, P, V)
         # last layer, mean over heads: (B, N, G * P, S) -> (R, P, S)
-        return logits, new_state, weights.mean(1).reshape(rows, positions, -1)
+        return logits, new_state, weights[..., :width].mean(1).reshape(rows, positions, -1)
 
 
 def build_transformer(

@@ -1,0 +1,110 @@
+"""A decoding copy's Transformer steps (to_precision: prescaled queries, padded cross-attention keys, caches
+allocated ahead and written in place) give what the training model's steps give, however a state is used."""
+
+import math
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.models.quantize import to_precision
+from nmt.models.seq2seq import build_model, reorder, select_rows
+from nmt.models.transformer import ROOM, SHORT
+from nmt.search import BOS, beam_search, greedy_search
+from tests.conftest import random_batch
+
+VOCAB = 40
+
+
+def pair(heads: int = 2, dim: int = 32):
+    """The same Transformer twice: as trained, and as a decoding copy."""
+    cfg = ModelConfig(dim=dim, layers=2, dropout=0.0, arch="transformer", heads=heads, ffn_dim=64)
+    torch.manual_seed(0)
+    trained = build_model(cfg, VOCAB, VOCAB, joint=True).eval()
+    torch.manual_seed(0)
+    return trained, to_precision(build_model(cfg, VOCAB, VOCAB, joint=True).eval(), "fp32")
+
+
+def run_steps(model, src, src_mask, tokens):
+    """Logits (B, T, V) and attention (B, T, S) of stepping through tokens (B, T) one position at a time."""
+    enc = model.encode(src, src_mask)
+    state = model.init_state(enc)
+    logits, attn = [], []
+    for t in range(tokens.size(1)):
+        out, state, a = model.step(tokens[:, t], enc, state)
+        logits.append(out)
+        attn.append(a)
+    return torch.stack(logits, 1), torch.stack(attn, 1), state
+
+
+@pytest.mark.parametrize("heads", [2, 4])  # head dim 16 (1/4: prescaled exactly) and 8 (1/sqrt(8): scaled per step)
+def test_decoding_copy_steps_equal_teacher_forcing_past_the_allocated_room(heads):
+    trained, copy = pair(heads)
+    assert copy.decoder.decoding and not trained.decoder.decoding
+    assert copy.decoder.layers[0].self_attn.prescaled == (math.frexp(1 / math.sqrt(32 // heads))[0] == 0.5)
+    steps = ROOM * 3 + 5  # the caches grow more than once
+    batch = random_batch(VOCAB, src_lens=(7, 3, 20, 1), tgt_lens=(steps,) * 4, seed=3)
+    tokens = torch.cat([torch.full((4, 1), BOS), batch.tgt_in[:, 1:steps]], 1)
+    with torch.no_grad():
+        forced = trained(batch.src, batch.src_mask, tokens)  # (B, T, V)
+        want_attn = trained.decoder.features(tokens, trained.encoder(batch.src, batch.src_mask), True)[1]
+        got, attn, state = run_steps(copy, batch.src, batch.src_mask, tokens)
+    torch.testing.assert_close(got, forced, rtol=0, atol=1e-5)
+    assert attn.shape == want_attn.shape  # (B, T, S): the padded keys never show
+    torch.testing.assert_close(attn, want_attn, rtol=0, atol=1e-6)
+    assert state["self_k0"].size(2) == steps
+
+
+def test_a_state_stepped_twice_gives_the_same_result_both_times():
+    """Writing a step's keys in place must not change a state that another step already extended."""
+    _, copy = pair()
+    batch = random_batch(VOCAB, src_lens=(5, 2), tgt_lens=(4, 4), seed=1)
+    with torch.no_grad():
+        enc = copy.encode(batch.src, batch.src_mask)
+        state = copy.init_state(enc)
+        for t in range(3):
+            _, state, _ = copy.step(batch.tgt_in[:, t], enc, state)
+        first, after_first, _ = copy.step(torch.tensor([5, 6]), enc, state)
+        second, after_second, _ = copy.step(torch.tensor([7, 8]), enc, state)  # the same state again
+        again, _, _ = copy.step(torch.tensor([5, 6]), enc, state)
+        # the first branch still holds its own keys: one more step from it equals a fresh replay
+        onward, _, _ = copy.step(torch.tensor([9, 9]), enc, after_first)
+        replay = copy.init_state(enc)
+        for token in [batch.tgt_in[:, 0], batch.tgt_in[:, 1], batch.tgt_in[:, 2], torch.tensor([5, 6])]:
+            _, replay, _ = copy.step(token, enc, replay)
+        fresh, _, _ = copy.step(torch.tensor([9, 9]), enc, replay)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, second)
+    assert torch.equal(onward, fresh)
+    assert not torch.equal(after_first["self_k0"][:, :, 3], after_second["self_k0"][:, :, 3])
+
+
+def test_select_rows_keeps_a_cache_room_and_equals_index_select():
+    buffer = torch.randn(3, 2, 10, 4)
+    view = buffer[:, :, :6]
+    index = torch.tensor([2, 2, 0, 1, 0])
+    got = select_rows(view, index)
+    assert torch.equal(got, view.index_select(0, index))
+    assert got.stride(1) == 10 * 4  # the room is kept: a step writes position 6 in place
+    plain = torch.randn(3, 5, 7)
+    assert torch.equal(select_rows(plain, index), plain.index_select(0, index))
+    assert torch.equal(select_rows(plain.transpose(1, 2), index), plain.transpose(1, 2).index_select(0, index))
+    state = reorder({"self_k0": view, "rows": torch.arange(3)}, index)
+    assert state["rows"].tolist() == [2, 2, 0, 1, 0]
+
+
+def test_decoding_copy_searches_equal_the_trained_model_with_short_and_long_sources():
+    trained, copy = pair()
+    batch = random_batch(VOCAB, src_lens=(SHORT + 4, 3, 9, 1), tgt_lens=(3, 3, 3, 3), seed=5)
+    max_len = torch.full((4,), ROOM + 10)
+    with torch.no_grad():
+        for search in (
+            lambda m: greedy_search(m, batch.src, batch.src_mask, max_len),
+            lambda m: [h[0] for h in beam_search(m, batch.src, batch.src_mask, max_len, 4)],
+        ):
+            a, b = search(trained), search(copy)
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+            for x, y in zip(a, b):
+                assert x.attention.shape == y.attention.shape
+                torch.testing.assert_close(x.attention, y.attention, rtol=0, atol=1e-5)
