@@ -108,3 +108,22 @@ def test_decoding_copy_searches_equal_the_trained_model_with_short_and_long_sour
             for x, y in zip(a, b):
                 assert x.attention.shape == y.attention.shape
                 torch.testing.assert_close(x.attention, y.attention, rtol=0, atol=1e-5)
+
+
+def test_a_state_reordered_before_its_first_step_steps_as_the_trained_model_does():
+    """Tiling the empty initial state (any reorder at t = 0) leaves caches with no room behind them."""
+    trained, copy = pair()
+    batch = random_batch(VOCAB, src_lens=(5, 2), tgt_lens=(4, 4), seed=2)
+    tile = torch.tensor([0, 0, 1, 1, 1])
+    with torch.no_grad():
+        results = []
+        for model in (trained, copy):
+            enc = model.encode(batch.src, batch.src_mask)
+            state = reorder(model.init_state(enc), tile)
+            enc = reorder(enc, tile)
+            steps = []
+            for t in range(ROOM + 2):
+                logits, state, _ = model.step(torch.full((5,), 4 + t % 7), enc, state)
+                steps.append(logits)
+            results.append(torch.stack(steps, 1))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-5)

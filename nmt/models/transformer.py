@@ -504,12 +504,16 @@ class TransformerDecoder(nn.Module):
     def _writable(self, state: State, t: int) -> bool:
         """Whether a step may write position t of `state`'s cache buffers in place (see `_grown`)."""
         end, keys = state.get("self_end"), state["self_k0"]
+        if end is None or end.numel() == 0 or int(end[0]) != t:
+            return False
+        rows, heads, _, dim = keys.shape
+        last = keys.storage_offset() + (rows - 1) * keys.stride(0) + (heads - 1) * keys.stride(1) + t * keys.stride(2)
         return (
-            end is not None
-            and end.numel() > 0
-            and int(end[0]) == t
-            and keys.stride(1) >= (t + 1) * keys.stride(2)
-            and keys.stride(0) == keys.size(1) * keys.stride(1)
+            keys.stride(3) == 1
+            and keys.stride(2) == dim
+            and keys.stride(1) >= (t + 1) * dim
+            and keys.stride(0) >= heads * keys.stride(1)
+            and keys.untyped_storage().nbytes() >= (last + dim) * keys.element_size()
         )
 
     def step(
