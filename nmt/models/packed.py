@@ -89,6 +89,8 @@ class PackedLinear(nn.Linear):
         return self._packed[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() < MIN_ROWS * self.in_features:  # few rows (a search's last steps): no checks to pay for
+            return F.linear(x, self.weight, self.bias)
         lib = mkl_packed()
         if (
             lib is None
