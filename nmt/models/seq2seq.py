@@ -15,8 +15,10 @@ An encoder maps (src (B, S), src_mask (B, S)) to `Enc`, a dict of tensors with t
 `step` runs R = B * G rows, G per sentence, sentence-major (rows b*G .. b*G+G-1 belong to sentence b of
 `enc`): beam search keeps its K hypotheses of a sentence as K rows over one copy of the sentence's
 encoding, so nothing per sentence is copied per beam. State is a dict of tensors with the row on dim 0,
-so search reorders beams with one index_select and never asks which model it runs. Masks are bool,
-True = real token.
+so search reorders beams with one index_select and never asks which model it runs (`reorder`; a state tensor
+that is the first positions of a larger buffer keeps that room, `select_rows`). A state may be stepped more than
+once (each step returns a new state; a decoder that writes into buffers ahead copies them first when they are
+not this state's alone). Masks are bool, True = real token.
 """
 
 from __future__ import annotations
