@@ -21,8 +21,9 @@ rows "nmt+sl" (decode.shortlist) and, with --ct2, "ct2+vmap" (the same file as t
 use_vmap=True) are added.
 
 Every measurement runs in a fresh process (`--worker`) that loads the model, decodes a few sentences to warm
-up, then times --runs runs over all sentences: the figures are the median wall-clock time, the CPU time of
-the process per sentence (steadier than the wall clock on a shared machine), and the peak resident set size
+up (a batch per replica with --replicas), then times --runs runs over all sentences: the figures are the median
+wall-clock time, the CPU time of the process per sentence (steadier than the wall clock on a shared machine), and
+the peak resident set size
 (the process's high-water mark, and its rise while decoding, sampled every 5 ms). With --baseline REV the same
 worker first runs the search of commit REV (its nmt/ extracted with `git archive`, fp32 only), and the table
 gives each row's speed over the baseline's (wall clock) and how many outputs equal this code's fp32 ones. With --ct2 the
@@ -87,9 +88,10 @@ class PeakMemory:
         self.peak = max(self.peak, rss_mib())
 
 
-def timed(decode, lines: list[str], runs: int) -> dict:
-    """Median wall and CPU seconds of `runs` calls of decode(lines) after a warm-up, peak memory, the last outputs."""
-    decode(lines[:8])
+def timed(decode, lines: list[str], runs: int, warm: int = 8) -> dict:
+    """Median wall and CPU seconds of `runs` calls of decode(lines) after a warm-up on the first `warm` lines (enough
+    for a batch per replica, so that every worker process has searched once), peak memory, the last outputs."""
+    decode(lines[:warm])
     walls, cpus, rises = [], [], []
     for _ in range(runs):
         with PeakMemory() as memory:
@@ -104,6 +106,12 @@ def timed(decode, lines: list[str], runs: int) -> dict:
         "rise_mib": max(rises),
         "outputs": outputs,
     }
+
+
+def warm_lines(job: dict) -> int:
+    """Lines of the warm-up: 8, or a batch for each of several replicas (each must have searched once)."""
+    replicas = job.get("replicas", 1)
+    return job["batch"] * replicas if replicas > 1 else 8
 
 
 def nmt_worker(job: dict) -> dict:
@@ -150,7 +158,7 @@ def nmt_worker(job: dict) -> dict:
     def decode(lines: list[str]) -> list[list[int]]:
         return [r.hyps[0].tokens if r.hyps else [] for r in translator.translate_lines(lines)]
 
-    result = timed(decode, job["lines"], job["runs"])
+    result = timed(decode, job["lines"], job["runs"], warm_lines(job))
     result["peak_mib"] = peak_mib()  # before the extra runs below (the profiler's own memory would count)
     result["text"] = tokenizer.decode_tgt(result["outputs"])
     if translator.pool:
@@ -217,7 +225,7 @@ def ct2_worker(job: dict) -> dict:
                 outputs[i] = [sp.piece_to_id(p) for p in (r.result() if replicas > 1 else r).hypotheses[0]]
         return outputs
 
-    result = timed(decode, job["lines"], job["runs"])
+    result = timed(decode, job["lines"], job["runs"], warm_lines(job))
     result["text"] = [sp.decode(ids) for ids in result["outputs"]]
     return result
 
