@@ -23,24 +23,15 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
 
-
-def median_time(fn, runs: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from bench_prefix import timed  # noqa: E402  (median of runs after a warm-up)
 
 
 def main() -> None:
@@ -119,7 +110,7 @@ def measure(model, translator, sp, batch: list[str], beam: int, args) -> tuple[d
     pieces = [sp.encode(line, out_type=str) for line in batch]
 
     def ct2(length: int) -> float:
-        return median_time(
+        return timed(
             lambda: translator.translate_batch(
                 pieces, beam_size=beam, min_decoding_length=length, max_decoding_length=length
             ),
@@ -127,7 +118,7 @@ def measure(model, translator, sp, batch: list[str], beam: int, args) -> tuple[d
         )
 
     def ours(length: int) -> float:
-        return median_time(
+        return timed(
             lambda: model.translate(
                 batch, beam=beam, alpha=0.0, batch_size=len(batch), min_len=length, max_len_a=0.0, max_len_b=length
             ),

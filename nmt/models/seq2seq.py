@@ -49,23 +49,29 @@ def reorder(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, 
     return {key: select_rows(value, index) for key, value in tensors.items()}
 
 
+def room(x: torch.Tensor) -> int:
+    """Positions along dim 2 of the buffer behind x (R, N, T, D) when x is its first T positions (a Transformer
+    decoding copy's self-attention cache, allocated ahead): each row's and head's positions contiguous, and the
+    storage holding them all; x.size(2) for any other tensor."""
+    if x.dim() != 4 or x.numel() == 0 or x.stride(3) != 1 or x.stride(2) != x.size(3):
+        return x.size(2) if x.dim() == 4 else 0
+    rows, heads, _, dim = x.shape
+    positions = x.stride(1) // dim
+    if x.stride(1) % dim or x.stride(0) != heads * x.stride(1) or positions < x.size(2):
+        return x.size(2)
+    end = x.storage_offset() + rows * x.stride(0)  # one past the last row's buffer
+    return positions if x.untyped_storage().nbytes() >= end * x.element_size() else x.size(2)
+
+
 def select_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x.index_select(0, index). A tensor that is the first positions of a larger buffer (R, N, room, D) along dim 2
-    (a Transformer decoding copy's self-attention cache, allocated ahead) keeps its room: its rows are copied
-    into a new buffer of the same room, so the next step can write there instead of copying the cache again."""
-    if (
-        x.dim() == 4
-        and x.size(2) > 0
-        and x.stride(3) == 1
-        and x.stride(2) == x.size(3)
-        and x.stride(1) > x.size(2) * x.stride(2)
-        and x.stride(0) == x.size(1) * x.stride(1)
-    ):
-        buffer = x.new_empty(index.numel(), x.size(1), x.stride(1) // x.stride(2), x.size(3))
-        rows = buffer[:, :, : x.size(2)]
-        torch.index_select(x, 0, index, out=rows)
-        return rows
-    return x.index_select(0, index)
+    """x.index_select(0, index). A tensor with `room` past its positions keeps it: its rows are copied into a new
+    buffer of the same room, so the next step can write there instead of copying the cache again."""
+    positions = room(x)
+    if x.dim() != 4 or positions <= x.size(2):
+        return x.index_select(0, index)
+    rows = x.new_empty(index.numel(), x.size(1), positions, x.size(3))[:, :, : x.size(2)]
+    torch.index_select(x, 0, index, out=rows)
+    return rows
 
 
 class Seq2Seq(nn.Module):

@@ -23,7 +23,7 @@ from torch import nn
 
 from nmt.models.dropout import Dropout
 from nmt.models.dropout import dropout as drop
-from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence
+from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence, room
 
 
 def sinusoidal_positions(length: int, dim: int, offset: int = 0) -> torch.Tensor:
@@ -477,9 +477,9 @@ class TransformerDecoder(nn.Module):
         """Empty self-attention caches "self_k{i}", "self_v{i}" (B, N, 0, D) of the keys' dtype,
         one row per sentence (enc from `prepare`). A decoding copy's are views of buffers with ROOM positions
         allocated, with "self_end" (B,): how many positions of those buffers hold keys (see `_grown`)."""
-        if self.decoding:
-            return self._grown(enc["cross_k0"][:, :, :0], {}, 0)
         empty = enc["cross_k0"][:, :, :0]
+        if self.decoding:
+            return self._grown(empty, {}, 0)
         return {f"self_{kv}{i}": empty for i in range(len(self.layers)) for kv in "kv"}
 
     def _grown(self, like: torch.Tensor, state: State, t: int) -> State:
@@ -503,18 +503,8 @@ class TransformerDecoder(nn.Module):
 
     def _writable(self, state: State, t: int) -> bool:
         """Whether a step may write position t of `state`'s cache buffers in place (see `_grown`)."""
-        end, keys = state.get("self_end"), state["self_k0"]
-        if end is None or end.numel() == 0 or int(end[0]) != t:
-            return False
-        rows, heads, _, dim = keys.shape
-        last = keys.storage_offset() + (rows - 1) * keys.stride(0) + (heads - 1) * keys.stride(1) + t * keys.stride(2)
-        return (
-            keys.stride(3) == 1
-            and keys.stride(2) == dim
-            and keys.stride(1) >= (t + 1) * dim
-            and keys.stride(0) >= heads * keys.stride(1)
-            and keys.untyped_storage().nbytes() >= (last + dim) * keys.element_size()
-        )
+        end = state.get("self_end")
+        return end is not None and end.numel() > 0 and int(end[0]) == t and room(state["self_k0"]) > t
 
     def step(
         self, prev: torch.Tensor, enc: Enc, state: State, output: nn.Module | None = None
@@ -535,7 +525,7 @@ class TransformerDecoder(nn.Module):
         width = enc["src_mask"].size(1)  # S
         new_state: State = {}
         weights = None
-        if positions == 1 and self.decoding:
+        if positions == 1 and self.decoding and not self.training:  # step_one: no attention dropout
             if not self._writable(state, t):
                 state = self._grown(state["self_k0"], state, t)
             for i, layer in enumerate(self.layers):
