@@ -33,7 +33,7 @@ from nmt.models.ensemble import Ensemble
 from nmt.models.quantize import PRECISIONS, to_precision
 from nmt.models.seq2seq import Seq2Seq
 from nmt.runtime import resolve_device
-from nmt.translation import Translation, Translator
+from nmt.translation import Translation, Translator, unscored
 
 PathLike = str | os.PathLike
 
@@ -224,7 +224,8 @@ class Model:
         prefixes = self._prefixes(prefix, len(batch))
         needs, avoids = self._phrases(constraints, len(batch), "constraints"), self._phrases(avoid, len(batch), "avoid")
         settings = self.settings(beam=beam, nbest=nbest, **decode)
-        translator = self._translator(settings)
+        want_rich = rich if rich is not None else (settings.nbest > 1 or return_attention or return_alignments)
+        translator = self._translator(settings if want_rich else unscored(settings))  # texts only: no scores
         aligner = None
         if return_alignments:
             from nmt.alignments import Aligner
@@ -236,7 +237,6 @@ class Model:
             translations = translator.translate_lines(
                 [" ".join(line.split()) for line in batch], prefixes=prefixes, constraints=needs, avoid=avoids
             )
-        want_rich = rich if rich is not None else (settings.nbest > 1 or return_attention or return_alignments)
         if not want_rich:
             best = translator.tokenizer.decode_tgt([t.hyps[0].tokens if t.hyps else [] for t in translations])
             texts = [text if t.hyps else "" for text, t in zip(best, translations)]
@@ -293,7 +293,7 @@ class Model:
             raise NmtError(f"batch_size={batch_size}: expected at least 1")
         if Path(out).resolve() == Path(src).resolve():
             raise NmtError(f"out={out}: is the input file; choose another output path")
-        translator = self._translator(self.settings(beam=beam, **decode))
+        translator = self._translator(unscored(self.settings(beam=beam, **decode)))  # text out: no scores
         count, chunk = 0, []
         with atomic_open(str(out), "w", key="out") as f:
 

@@ -253,6 +253,10 @@ class DecodeConfig:
     precision: str = key("fp32", one_of("fp32", "bf16", "int8"))
     # a vocabulary map (nmt-shortlist): the output layer scores only each batch's candidate tokens
     shortlist: Optional[str] = None
+    # each hypothesis' log-probability: null computes it where it is shown (the API's Result, n-best lines, the
+    # server), false lets greedy search skip its normaliser (a log-sum-exp over the vocabulary per row and step;
+    # scores are then NaN; beam search and sampling rank by them, so compute them anyway)
+    scores: Optional[bool] = None
 
     def __post_init__(self) -> None:
         check_fields(self, "decode.")

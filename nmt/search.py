@@ -82,17 +82,20 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     return best * block + x.reshape(rows * count, block).index_select(0, best + first).argmax(1)
 
 
-def greedy_choice(logits: torch.Tensor, step: int, min_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_choice(
+    logits: torch.Tensor, step: int, min_len: int, scores: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The argmax of log_probs(logits, step, min_len) and its log-probability, (B,) each, without writing the
     (B, V) log-softmax: log p(y) = logit_y - logsumexp(logits) for the same forbidden tokens. `logits` must be
-    the search's own (it is masked in place)."""
+    the search's own (it is masked in place). scores=False: no log-probability (None), so no logsumexp, the
+    greater part of this function's time (the token is the same: normalising shifts a row, never reorders it)."""
     logits = logits.float()
-    lse = logits.logsumexp(-1)  # (B,) over every token, as log_softmax normalises
+    lse = logits.logsumexp(-1) if scores else None  # (B,) over every token, as log_softmax normalises
     logits[:, PAD] = logits[:, BOS] = float("-inf")
     if step < min_len:
         logits[:, EOS] = float("-inf")
     tokens = row_argmax(logits)
-    return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - lse
+    return tokens, None if lse is None else logits.gather(1, tokens[:, None]).squeeze(1) - lse
 
 
 def _hypothesis(tokens: list[int], score: float, attention: torch.Tensor, alpha: float) -> Hypothesis:
@@ -217,9 +220,11 @@ def _one_path(
     alpha: float,
     prefix: torch.Tensor | None = None,
     repetition: Repetition = NO_REPETITION,
+    scores_needed: bool = True,
 ) -> list[Hypothesis]:
     """Follow one token per step in every row (`choose`; None: the most probable); a row leaves the batch when it
-    emits EOS or hits max_len."""
+    emits EOS or hits max_len. scores_needed=False: the most probable token's log-probability is not computed
+    where only it is needed (`greedy_choice`), and the hypotheses' scores are NaN."""
     enc = model.encode(src, src_mask)
     state, pre = start(model, enc, model.init_state(enc), prefix, min_len, repetition)
     offset = pre.length if pre else 0
@@ -238,7 +243,7 @@ def _one_path(
         else:
             logits, state, attn = model.step(prev, enc, state)  # (B, V), state, (B, S)
         if choose is None and not repetition.active and not (t == 0 and pre is not None):
-            prev, gained = greedy_choice(logits, t + offset, min_len)  # greedy: no (B, V) log-softmax
+            prev, gained = greedy_choice(logits, t + offset, min_len, scores_needed)  # no (B, V) log-softmax
         else:
             if repetition.active:
                 history_t = torch.cat([history[active], out[active, :t]], 1)
@@ -248,7 +253,8 @@ def _one_path(
             prev = row_argmax(logp) if choose is None else choose(logp)
             gained = logp.gather(1, prev[:, None]).squeeze(1)
         out[active, t], attn_out[active, t] = prev, attn.float()
-        scores[active] += gained
+        if gained is not None:
+            scores[active] += gained
         live = (prev != EOS) & (max_len[active] > t + 1)
         if not bool(live.all()):
             lengths[active[~live]] = t + 1
@@ -257,6 +263,8 @@ def _one_path(
                 break
             active, prev = active[keep], prev[keep]
             enc, state = reorder(enc, keep), reorder(state, keep)
+    if not scores_needed and choose is None and not repetition.active:
+        scores.fill_(float("nan"))  # what greedy_choice did not compute (a prefix's score too: no half a score)
     src_lens, lengths, out, scores, attn_out = (
         src_mask.sum(1).tolist(),
         lengths.tolist(),
@@ -280,9 +288,11 @@ def greedy_search(
     alpha: float = 0.0,
     prefix: torch.Tensor | None = None,
     repetition: Repetition = NO_REPETITION,
+    scores: bool = True,
 ) -> list[Hypothesis]:
-    """The most probable token at each step; one hypothesis per sentence (alpha only sets norm_score)."""
-    return _one_path(model, src, src_mask, max_len, None, min_len, alpha, prefix, repetition)
+    """The most probable token at each step; one hypothesis per sentence (alpha only sets norm_score).
+    scores=False: the hypotheses' scores are NaN, and not computed (see `_one_path`)."""
+    return _one_path(model, src, src_mask, max_len, None, min_len, alpha, prefix, repetition, scores)
 
 
 def filter_logits(logp: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

@@ -30,6 +30,11 @@ class Translation:
     hyps: list[Hypothesis]  # [] for a blank line
 
 
+def unscored(decode: DecodeConfig) -> DecodeConfig:
+    """`decode` for a caller that shows no hypothesis score (text out): decode.scores false unless set."""
+    return decode if decode.scores is not None else replace(decode, scores=False)
+
+
 def decode_settings(decode: DecodeConfig) -> str:
     """The search settings printed beside every score."""
     if decode.sampling:
@@ -185,7 +190,8 @@ class Translator:
                 rep,
             )
         if d.beam == 1:
-            return [[h] for h in greedy_search(model, src, mask, max_len, d.min_len, d.alpha, prefix, rep)]
+            found = greedy_search(model, src, mask, max_len, d.min_len, d.alpha, prefix, rep, d.scores is not False)
+            return [[h] for h in found]
         return beam_search(model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest, prefix, rep)
 
     def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:

@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,6 +148,9 @@ def nmt_worker(job: dict) -> dict:
         settings["precision"] = job["precision"]
     if job.get("shortlist"):
         settings["shortlist"] = job["shortlist"]
+    if "scores" in {f.name for f in fields(DecodeConfig)}:  # a baseline commit may not have the key
+        settings["scores"] = False  # as nmt-translate (one text per line, no score shown) and CTranslate2 (no
+        # return_scores) decode: greedy search skips the normaliser (the outputs are the same)
     translator = Translator(model, tokenizer, DecodeConfig(**settings), torch.device("cpu"))
     if (
         job.get("replicas", 1) > 1

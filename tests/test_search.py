@@ -190,6 +190,21 @@ def test_beam_1_equals_greedy(arch):
         torch.testing.assert_close(g.attention, b.attention)
 
 
+@pytest.mark.parametrize("arch", ["transformer", "bahdanau"])
+def test_greedy_without_scores_gives_the_same_outputs(arch):
+    """scores=False (nmt-translate's one text per line) skips the normaliser only: same tokens and attention,
+    NaN scores; with a prefix too."""
+    model, batch = tiny_model(arch), random_sources()
+    limits = torch.tensor([9, 4, 12, 6, 3])
+    prefix = torch.full((5, 2), 7)
+    for pre in (None, prefix):
+        scored = greedy_search(model, batch.src, batch.src_mask, limits, prefix=pre)
+        unscored = greedy_search(model, batch.src, batch.src_mask, limits, prefix=pre, scores=False)
+        for a, b in zip(scored, unscored):
+            assert a.tokens == b.tokens and math.isfinite(a.score) and math.isnan(b.score)
+            torch.testing.assert_close(a.attention, b.attention)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_beam_alone_equals_in_a_batch(arch):
     model, batch = tiny_model(arch), random_sources(1)
@@ -310,3 +325,5 @@ def test_greedy_choice_equals_argmax_of_log_probs(step, min_len):
     assert torch.equal(tokens, logp.argmax(1)) and not bool(torch.isin(tokens, torch.tensor([PAD, BOS])).any())
     assert (int(tokens[2]) == EOS) == (step >= min_len)
     assert torch.allclose(gained, logp.gather(1, tokens[:, None]).squeeze(1), atol=1e-5)
+    unscored, none = greedy_choice(logits.clone(), step, min_len, scores=False)
+    assert torch.equal(unscored, tokens) and none is None

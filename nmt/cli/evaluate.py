@@ -12,7 +12,7 @@ from nmt.data.corpus import read_lines
 from nmt.errors import NmtError
 from nmt.evaluation.metrics import corpus_scores
 from nmt.fileio import atomic_open, check_outputs
-from nmt.translation import decode_settings
+from nmt.translation import decode_settings, unscored
 
 USAGE = """
 usage: nmt-evaluate checkpoint=PATH[,PATH...] [split=test|valid|train] [hyp_out=FILE] [decode.beam=K] [decode.precision=bf16|int8] [threads=N] [workers=N]
@@ -74,7 +74,7 @@ def main(argv: list[str]) -> None:
         if cfg.checkpoint is None:
             raise NmtError("give checkpoint=PATH (a checkpoint or run dir), or hyp=FILE ref=FILE")
         threads = cfg.threads or (1 if cfg.workers > 1 else None)
-        translator, train_cfg = load_translator(cfg.checkpoint, cfg.decode, cfg.device, threads)
+        translator, train_cfg = load_translator(cfg.checkpoint, unscored(cfg.decode), cfg.device, threads)
         src, refs = sources_and_refs(cfg, train_cfg)
         with ExitStack() as stack:
             start_workers(translator, cfg.checkpoint, cfg.device, cfg.workers, threads, stack)

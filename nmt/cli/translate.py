@@ -21,7 +21,7 @@ from nmt.data.corpus import iter_lines
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open, check_outputs
 from nmt.memory import release_freed_memory
-from nmt.translation import Translation, Translator, decode_settings
+from nmt.translation import Translation, Translator, decode_settings, unscored
 
 USAGE = """
 usage: nmt-translate checkpoint=PATH[,PATH...] [input=FILE] [output=FILE] [decode=greedy|beam|sampling] [decode.KEY=VALUE ...]
@@ -237,7 +237,8 @@ def main(argv: list[str]) -> int | None:
         folders=("plot_dir",),
     )
     threads = cfg.threads or (1 if cfg.workers > 1 else None)
-    translator, _ = load_translator(cfg.checkpoint, cfg.decode, cfg.device, threads)
+    decode = cfg.decode if cfg.decode.nbest > 1 else unscored(cfg.decode)  # one best text per line: no score shown
+    translator, _ = load_translator(cfg.checkpoint, decode, cfg.device, threads)
     lines = iter_lines(cfg.input)
     start = time.perf_counter()
     try:

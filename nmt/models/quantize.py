@@ -131,10 +131,21 @@ def onednn_linear(rows: torch.Tensor, packed: torch.ScriptObject, bias: torch.Te
     the result is multiplied back by each row's scale.
     """
     scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-12)  # (R, 1)
-    pin = rows.new_zeros(1, rows.size(1))
-    pin[0, 0], pin[0, -1] = 1.0, -1.0
-    product = torch.ops.quantized.linear_dynamic(torch.cat([rows / scale, pin]), packed, False)[:-1]  # (R, O)
-    return product.mul_(scale) if bias is None else torch.addcmul(bias, product, scale)
+    product = torch.ops.quantized.linear_dynamic(torch.cat([rows / scale, pinned_row(rows)]), packed, False)[:-1]
+    return product.mul_(scale) if bias is None else torch.addcmul(bias, product, scale)  # (R, O)
+
+
+_PINS: dict[tuple, torch.Tensor] = {}  # onednn_linear's pinned rows by (width, dtype, device), made once
+
+
+def pinned_row(rows: torch.Tensor) -> torch.Tensor:
+    """(1, I): 1 first, -1 last, zeros between (never written: shared by every call)."""
+    key = (rows.size(1), rows.dtype, rows.device)
+    if key not in _PINS:
+        pin = rows.new_zeros(1, rows.size(1))
+        pin[0, 0], pin[0, -1] = 1.0, -1.0
+        _PINS[key] = pin
+    return _PINS[key]
 
 
 class Int8Linear(nn.Module):
@@ -157,16 +168,19 @@ class Int8Linear(nn.Module):
         return state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.size(-1)).float()  # (R, I)
+        rows = x.reshape(-1, x.size(-1))  # (R, I)
+        if rows.dtype != torch.float32:
+            rows = rows.float()
         if self.out_features >= ONEDNN_MIN_OUT and not rows.is_cuda and self._packed is not False:
             if self._packed is None:
                 packed = pack_onednn(self.weight_t, self.scale) if onednn_int8() else None
                 self._packed = False if packed is None else packed
             if self._packed is not False:
                 return onednn_linear(rows, self._packed, self.bias).view(*x.shape[:-1], -1)
-        scale = rows.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127  # (R, 1)
+        scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-12).div_(127)  # (R, 1)
         product = int_mm((rows / scale).round_().to(torch.int8), self.weight_t)  # (R, O) int32
-        y = product.float().mul_(scale).mul_(self.scale)
+        y = torch.mul(product, scale)  # (R, O) float: the int32 converted and multiplied in one pass
+        y = y.mul_(self.scale)  # (not addcmul for the bias: its fused multiply-add rounds differently)
         if self.bias is not None:
             y = y.add_(self.bias)
         return y.view(*x.shape[:-1], -1)
