@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +28,17 @@ def resolve_device(name: str, key: str = "train.device") -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise NmtError(f"{key}={name}: this machine has {torch.cuda.device_count()} CUDA devices (cuda:0 ..)")
     return device
+
+
+def cpu_info(field: str) -> str:
+    """A field of /proc/cpuinfo's first processor ("model name", "vendor_id", ...); "" where it does not say."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == field:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def seed_everything(seed: int) -> None:

@@ -11,17 +11,13 @@ from pathlib import Path
 
 import torch
 
+from nmt.runtime import cpu_info
+
 PACKAGES = ("torch", "sacrebleu", "sentencepiece", "numpy", "matplotlib", "hydra-core", "omegaconf", "datasets")
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_info("model name") or platform.processor() or platform.machine()
 
 
 def _git_commit() -> str | None:

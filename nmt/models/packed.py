@@ -59,25 +59,36 @@ def _version(tensor: torch.Tensor) -> int:
         return -1
 
 
-class PackedLinear(nn.Linear):
-    """An nn.Linear (the same parameters, shared: a tied output layer stays tied) whose CPU fp32 products of
-    at least MIN_ROWS rows run on MKL's packed weight."""
+class CopiedWeightLinear(nn.Linear):
+    """An nn.Linear sharing another's parameters (a tied output layer stays tied) that keeps a copy of its weight in
+    some product's own layout, made at the first product and remade when the weight changes (`_copy`); the copy is
+    not pickled (each process of a SearchPool makes its own)."""
 
     def __init__(self, linear: nn.Linear):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self._packed: tuple[tuple, torch.Tensor] | None = None  # (the weight's identity when packed, packed bytes)
+        self._packed: tuple[tuple, torch.Tensor] | None = None  # (the weight's identity when copied, the copy)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_packed"] = None  # each process (or copy) packs its own
+        state["_packed"] = None
         return state
 
-    def _pack(self, lib: ctypes.CDLL) -> torch.Tensor:
+    def _copy(self, make) -> torch.Tensor:
+        """The weight's copy, make(weight) when there is none for the weight as it is now."""
         weight = self.weight
         key = (weight.data_ptr(), _version(weight), tuple(weight.shape))
         if self._packed is None or self._packed[0] != key:
+            self._packed = (key, make(weight))
+        return self._packed[1]
+
+
+class PackedLinear(CopiedWeightLinear):
+    """An nn.Linear whose CPU fp32 products of at least MIN_ROWS rows run on MKL's packed weight."""
+
+    def _pack(self, lib: ctypes.CDLL) -> torch.Tensor:
+        def pack(weight: torch.Tensor) -> torch.Tensor:
             w = weight.detach().contiguous()  # (O, I): B = W^T, read transposed
             out, inner = self.out_features, self.in_features
             size = lib.cblas_sgemm_pack_get_size(_B_MATRIX, 64, out, inner)
@@ -85,8 +96,9 @@ class PackedLinear(nn.Linear):
             lib.cblas_sgemm_pack(
                 _ROW_MAJOR, _B_MATRIX, _TRANS, 64, out, inner, 1.0, w.data_ptr(), inner, buffer.data_ptr()
             )
-            self._packed = (key, buffer)
-        return self._packed[1]
+            return buffer
+
+        return self._copy(pack)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() < MIN_ROWS * self.in_features:  # few rows (a search's last steps): no checks to pay for

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.models.attention import Attention
-from nmt.models.packed import PackedLinear, mkl_packed
+from nmt.models.onednn import OnednnLinear, fp32_backend
+from nmt.models.packed import PackedLinear
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -203,8 +204,8 @@ LINEARS: dict[str, type[nn.Module]] = {"bf16": Bf16Linear, "int8": Int8Linear}
 def to_precision(model: nn.Module, precision: str) -> nn.Module:
     """The model for decoding, changed in place: the projections that read the same input fused into one
     product (layers with a `fuse_projections` method: a Transformer's Q/K/V), then every nn.Linear outside the
-    attention scorers replaced by its `precision` version (fp32: the decoder's run on MKL's packed product on a
-    CPU, nmt.models.packed)."""
+    attention scorers replaced by its `precision` version (fp32 on a CPU: the decoder's on MKL's packed product,
+    nmt.models.packed, or all of them on oneDNN's, nmt.models.onednn, whichever `fp32_backend` says)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision}: expected one of {', '.join(PRECISIONS)}")
     for layer in list(model.modules()):
@@ -212,7 +213,9 @@ def to_precision(model: nn.Module, precision: str) -> nn.Module:
             layer.fuse_projections()
     if precision != "fp32":
         _replace_linears(model, LINEARS[precision])
-    elif isinstance(getattr(model, "decoder", None), nn.Module) and mkl_packed() is not None:
+    elif fp32_backend() == "onednn":
+        _replace_linears(model, OnednnLinear)
+    elif isinstance(getattr(model, "decoder", None), nn.Module) and fp32_backend() == "mkl":
         _replace_linears(model.decoder, PackedLinear)
     return model.eval()
 

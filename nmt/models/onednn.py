@@ -1,0 +1,92 @@
+"""Decoding's fp32 linear layers through oneDNN, on CPUs where its product beats MKL's (what CTranslate2 does
+on CPUs other than Intel's: "SGEMM backend: DNNL").
+
+torch's F.linear multiplies fp32 matrices with MKL, whose kernels on an AMD EPYC (Zen 4, AVX-512) reach about
+80 GFLOP/s on one core here, while oneDNN's reach 150-210 with the weight re-arranged once into its blocked
+layout (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise`): measured 2026-12-03 on one core,
+(2240, 256) x (256, 1024) 87 -> 206 GFLOP/s, (64, 256) x (256, 8000) 77 -> 191, (16, 256) x (256, 768) 71 -> 136.
+On an Intel Xeon MKL's packed product (nmt.models.packed) is as fast, so that stays there (`fp32_backend`).
+
+A row's result does not depend on the other rows of its product (checked for 1 to 400 rows: a sentence gets the
+same numbers alone as in any batch), but differs from MKL's in the last bits (another order of summation), so
+decoding copies change in the last bits and, rarely, in an output where two tokens tie that closely.
+NMT_FP32_GEMM=mkl|onednn|torch forces a backend (torch: plain F.linear everywhere).
+
+Shape legend: R rows (leading dims flattened), I input features, O output features.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.errors import NmtError
+from nmt.models.packed import CopiedWeightLinear, mkl_packed
+from nmt.runtime import cpu_info
+
+BACKENDS = ("auto", "mkl", "onednn", "torch")
+
+
+@functools.cache
+def onednn_fp32() -> bool:
+    """Whether this torch has oneDNN's fp32 linear with a pre-arranged weight (x86 and ARM builds with mkldnn)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2), None)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), weight, None, "none", [], "")
+    except (AttributeError, RuntimeError):
+        return False
+    return bool(torch.equal(out, torch.full((1, 2), 2.0)))
+
+
+@functools.cache
+def fp32_backend() -> str:
+    """The product a decoding copy's fp32 linears run on a CPU: "mkl" (MKL's packed product, the decoder's layers;
+    on Intel CPUs), "onednn" (every linear; elsewhere) or "torch" (F.linear), from NMT_FP32_GEMM (default auto).
+    The packed product's own switch, NMT_PACKED_GEMM=0, still turns "mkl" into "torch"."""
+    asked = os.environ.get("NMT_FP32_GEMM", "auto").strip().lower() or "auto"
+    if asked not in BACKENDS:
+        raise NmtError(f"NMT_FP32_GEMM={asked}: expected one of {', '.join(BACKENDS)}")
+    if asked == "auto":
+        asked = "mkl" if cpu_info("vendor_id") == "GenuineIntel" or not onednn_fp32() else "onednn"
+    if asked == "mkl":
+        return "mkl" if mkl_packed() is not None else "torch"
+    if asked == "onednn":
+        return "onednn" if onednn_fp32() else "torch"
+    return "torch"
+
+
+class OnednnLinear(CopiedWeightLinear):
+    """An nn.Linear (the same parameters, shared: a tied output layer stays tied) whose CPU fp32 products without
+    gradients run on oneDNN with its weight arranged once (re-arranged when the weight changes)."""
+
+    def _arranged(self) -> torch.Tensor:
+        return self._copy(lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            x.device.type != "cpu"
+            or x.dtype != torch.float32
+            or self.weight.dtype != torch.float32
+            or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        ):
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, x.size(-1)).contiguous()  # (R, I)
+        bias = None if self.bias is None else self.bias.detach()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self._arranged(), bias, "none", [], "")  # (R, O)
+        return out.view(*x.shape[:-1], -1)
+
+    def rows(self, index: torch.Tensor) -> OnednnLinear:
+        """This layer cut to the output units `index` (a vocabulary shortlist), arranged at its first product."""
+        cut = OnednnLinear.__new__(OnednnLinear)
+        nn.Module.__init__(cut)
+        cut.in_features, cut.out_features = self.in_features, index.numel()
+        cut.weight = self.weight.detach().index_select(0, index)  # plain tensors: no gradients, not trained
+        cut.bias = None if self.bias is None else self.bias.detach().index_select(0, index)
+        cut._packed = None
+        return cut
