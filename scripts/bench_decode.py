@@ -135,10 +135,16 @@ def nmt_worker(job: dict) -> dict:
     model = build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
     model.load_state_dict(payload["model"])
     model.eval()
-    if job["precision"] != "fp32":
-        from nmt.models.quantize import to_precision
-
+    # the decoding copy nmt.load / nmt-translate / nmt-serve make (fused projections, the fp32 backend's linears;
+    # before 2026-12-03 fp32 rows of one process ran the plain model); a baseline without one runs its plain model
+    try:
+        from nmt.models.quantize import PRECISIONS, to_precision
+    except ImportError:
+        PRECISIONS, to_precision = (), None
+    if job["precision"] in PRECISIONS:
         model = to_precision(model, job["precision"])
+    elif job["precision"] != "fp32":
+        raise SystemExit(f"this tree has no precision {job['precision']}")
     fixed, beam = job["fixed_len"], job["beam"]
     settings = dict(beam=beam, batch_size=job["batch"])
     settings.update(
