@@ -61,6 +61,13 @@ def fp32_backend() -> str:
     return "torch"
 
 
+def bucket(rows: int) -> int:
+    """rows rounded up to a multiple of 8, and above 32 to one of four sizes per octave
+    (64, 80, 96, 112, 128, 160, ...)."""
+    step = max(8, 1 << max(rows.bit_length() - 3, 0))
+    return -(-rows // step) * step
+
+
 class OnednnLinear(CopiedWeightLinear):
     """An nn.Linear (the same parameters, shared: a tied output layer stays tied) whose CPU fp32 products without
     gradients run on oneDNN with its weight arranged once (re-arranged when the weight changes)."""
@@ -76,10 +83,13 @@ class OnednnLinear(CopiedWeightLinear):
             or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
         ):
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.size(-1)).contiguous()  # (R, I)
+        rows = x.reshape(-1, x.size(-1))  # (R, I)
+        count = rows.size(0)
+        if bucket(count) != count:  # few shapes: oneDNN keeps a kernel and memory for every shape it meets
+            rows = F.pad(rows, (0, 0, 0, bucket(count) - count))
         bias = None if self.bias is None else self.bias.detach()
-        out = torch.ops.mkldnn._linear_pointwise(rows, self._arranged(), bias, "none", [], "")  # (R, O)
-        return out.view(*x.shape[:-1], -1)
+        out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self._arranged(), bias, "none", [], "")
+        return out[:count].view(*x.shape[:-1], -1)  # (R, O): the padding rows change no other row
 
     def rows(self, index: torch.Tensor) -> OnednnLinear:
         """This layer cut to the output units `index` (a vocabulary shortlist), arranged at its first product."""

@@ -29,17 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.models.attention import Attention
-from nmt.models.onednn import OnednnLinear, fp32_backend
+from nmt.models.onednn import OnednnLinear, bucket, fp32_backend
 from nmt.models.packed import PackedLinear
 
 PRECISIONS = ("fp32", "bf16", "int8")
-
-
-def bucket(rows: int) -> int:
-    """rows rounded up to a multiple of 8, and above 32 to one of four sizes per octave
-    (64, 80, 96, 112, 128, 160, ...)."""
-    step = max(8, 1 << max(rows.bit_length() - 3, 0))
-    return -(-rows // step) * step
 
 
 class Bf16Linear(nn.Module):
