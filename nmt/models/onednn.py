@@ -1,8 +1,8 @@
 """Decoding's fp32 linear layers through oneDNN, on CPUs where its product beats MKL's (what CTranslate2 does
 on CPUs other than Intel's: "SGEMM backend: DNNL").
 
-torch's F.linear multiplies fp32 matrices with MKL, whose kernels on an AMD EPYC (Zen 4, AVX-512) reach about
-80 GFLOP/s on one core here, while oneDNN's reach 150-210 with the weight re-arranged once into its blocked
+torch's F.linear multiplies fp32 matrices with MKL, whose kernels on an AMD EPYC (Zen 5, AVX-512) reach 71-87
+GFLOP/s on one core, while oneDNN's reach 136-206 with the weight re-arranged once into its blocked
 layout (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise`): measured 2026-12-03 on one core,
 (2240, 256) x (256, 1024) 87 -> 206 GFLOP/s, (64, 256) x (256, 8000) 77 -> 191, (16, 256) x (256, 768) 71 -> 136.
 On an Intel Xeon MKL's packed product (nmt.models.packed) is as fast, so that stays there (`fp32_backend`).
