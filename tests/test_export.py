@@ -130,17 +130,20 @@ def test_rnn_checkpoints_and_used_directories_are_refused(corpus, tmp_path, caps
     assert code == 2 and "format=onnx: unknown; expected one of ctranslate2" in err
 
 
-def sequence_score(model, src: list[int], out: list[int], limit: int) -> float:
-    """Our model's summed log-probability of an output (its EOS included unless it was cut at `limit` tokens)."""
+def sequence_score(model, src: list[int], out: list[int], limit: int, vocab: list[int] | None = None) -> float:
+    """Our model's summed log-probability of an output (its EOS included unless it was cut at `limit` tokens);
+    with `vocab` (a shortlist's candidates, sorted) normalised over those tokens only, as a shortlisted search is."""
     from nmt.data.tokenizer import EOS
     from nmt.search import log_probs
 
     batch = make_batch([src], [out])
     with torch.inference_mode():
         logits = model(batch.src, batch.src_mask, batch.tgt_in)[0]  # (T + 1, V)
+    where = list(range(logits.size(1))) if vocab is None else vocab
+    logits = logits[:, where]
     logp = torch.stack([log_probs(logits[t : t + 1], t, 0)[0] for t in range(logits.size(0))])
     steps = out + ([EOS] if len(out) < limit else [])
-    return float(sum(logp[t, token] for t, token in enumerate(steps)))
+    return float(sum(logp[t, where.index(token)] for t, token in enumerate(steps)))
 
 
 def test_beam_5_equals_ours_where_the_length_penalties_agree(corpus, tmp_path, capsys):
@@ -196,7 +199,9 @@ def test_beam_5_equals_ours_where_the_length_penalties_agree(corpus, tmp_path, c
 
 def test_a_shortlist_goes_with_the_export_and_ctranslate2_decodes_with_it_as_we_do(corpus, tmp_path, capsys):
     """nmt-export shortlist=FILE writes it as vmap.txt; CTranslate2 with use_vmap=True and our decode.shortlist pick
-    the same outputs, greedy and beam 5, sentence by sentence (the candidates are a batch's)."""
+    the same outputs greedy, sentence by sentence (the candidates are a batch's), and nearly all the same beam 5:
+    CTranslate2 expands fewer than K hypotheses after one ends in EOS where nmt keeps K alive, so where the two
+    differ ours scores at least as high under the shortlisted model (docs/export.md)."""
     from nmt.shortlist import build, write
 
     path, model, tokenizer = checkpoint(tmp_path, corpus, True, "pre", True, steps=150)
@@ -213,6 +218,7 @@ def test_a_shortlist_goes_with_the_export_and_ctranslate2_decodes_with_it_as_we_
         translator = Translator(model, tokenizer, decode, torch.device("cpu"))
         differ = 0
         for line in test_src[:25]:
+            src_ids = tokenizer.encode_src([line])[0]
             ours = translator.translate_lines([line])[0].hyps[0].tokens
             theirs = engine.translate_batch(
                 [tokenizer.src.encode(line, out_type=str)],
@@ -222,8 +228,13 @@ def test_a_shortlist_goes_with_the_export_and_ctranslate2_decodes_with_it_as_we_
                 use_vmap=True,
                 suppress_sequences=[["<pad>"], ["<s>"]],
             )[0].hypotheses[0]
-            differ += [tokenizer.tgt.piece_to_id(p) for p in theirs] != ours
-        assert differ == 0, (beam, differ)
+            theirs = [tokenizer.tgt.piece_to_id(p) for p in theirs]
+            if theirs != ours:
+                differ += 1
+                vocab = translator.shortlist.candidates([src_ids], [])
+                theirs_score, ours_score = (sequence_score(model, src_ids, out, 20, vocab) for out in (theirs, ours))
+                assert ours_score >= theirs_score - 1e-3 * max(1.0, abs(theirs_score)), (line, theirs_score, ours_score)
+        assert differ <= (0 if beam == 1 else 2), (beam, differ)
     code, _, err = cli(
         export.main, [f"checkpoint={path}", f"out={tmp_path}/hf", "format=hf", f"shortlist={table}"], capsys
     )
