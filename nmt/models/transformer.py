@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nmt.models import native
 from nmt.models.dropout import Dropout
 from nmt.models.dropout import dropout as drop
 from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence, room
@@ -325,15 +326,23 @@ class DecoderLayer(nn.Module):
         cross-attention keys/values (B, N, W, D) are padded to W >= SHORT positions, and cross_bias (B, 1, 1, W)
         is 0 where a key may be attended and -inf elsewhere (source padding, the positions added). The same
         numbers as `step` (masked_fill and the short rows' padding are the same -inf), fewer operations: no
-        cache concatenation, no mask inversion, no scaling (`MultiHeadAttention.prescaled`).
+        cache concatenation, no mask inversion, no scaling (`MultiHeadAttention.prescaled`). Where the fused CPU
+        kernels are built (nmt.models.native) both attentions run in one call each (their exp differs from torch's
+        in the last bits).
         Returns x (R, 1, H) and the cross weights (B, N, R // B, W) or None."""
         rows = x.size(0)
         keys, values = cache
         kept: list[torch.Tensor | None] = []
 
+        fused = native.usable(x, keys, values, *cross_kv, cross_bias) and all(c.is_contiguous() for c in cross_kv)
+
         def self_block(h: torch.Tensor) -> torch.Tensor:
             att = self.self_attn
-            q, k, v = att.qkv_proj(h).view(rows, 3, att.heads, att.head_dim).unbind(1)  # (R, N, D) each
+            qkv = att.qkv_proj(h)  # (R, 1, 3H)
+            if fused and qkv.is_contiguous() and keys.stride(3) == 1 and keys.stride(2) == att.head_dim:
+                scale = 1.0 if att.prescaled else att.scale
+                return att.out_proj(native.self_attend(qkv.view(rows, -1), keys, values, t, scale).view(rows, 1, -1))
+            q, k, v = qkv.view(rows, 3, att.heads, att.head_dim).unbind(1)  # (R, N, D) each
             keys[:, :, t] = k
             values[:, :, t] = v
             scores = q[:, :, None] @ keys[:, :, : t + 1].transpose(-2, -1)  # (R, N, 1, t + 1)
@@ -345,6 +354,11 @@ class DecoderLayer(nn.Module):
         def cross_block(h: torch.Tensor) -> torch.Tensor:
             att, (k, v) = self.cross_attn, cross_kv
             sentences = k.size(0)
+            if fused:
+                scale = 1.0 if att.prescaled else att.scale
+                out, weights = native.attend(att.q_proj(h).view(rows, -1), k, v, cross_bias, scale, need_weights)
+                kept.append(weights)
+                return att.out_proj(out.view(rows, 1, -1))
             q = att.q_proj(h).view(sentences, rows // sentences, att.heads, att.head_dim).transpose(1, 2)  # (B,N,G,D)
             scores = q @ k.transpose(-2, -1)  # (B, N, G, W)
             if not att.prescaled:

@@ -1,0 +1,500 @@
+"""Small fused CPU kernels for decoding, compiled from C on first use (gcc or cc) and called through ctypes.
+
+A decoder step of a few rows spends much of its time in torch's per-operator overhead, not in arithmetic: an int8
+linear quantizes its input with six operators (abs, amax, clamp, divide, round, convert) and scales its product
+back with three, and torch._int_mm costs 7-25 us whatever the rows; a step's attention is a dozen operators
+around two batched products of tiny matrices. The kernels here:
+
+    quantize_rows, dequantize, unit_rows_pinned   Int8Linear's chains around its product, one pass each
+    vnni_linear                                   all of Int8Linear for a few rows (AVX-512 VNNI), one call
+    attend, self_attend                           a step's cross- and self-attention (the latter writing its
+                                                  key and value into the cache), one call each
+
+The int8 ones compute the same float operations in the same order as the torch chains they replace (IEEE
+division, round half to even, no fused multiply-add: `-ffp-contract=off`, no `-ffast-math`; the int32 products are
+exact), so their results are the same bit for bit; the attention ones sum in another order and use their own exp
+(within 2 ulp), so they differ from torch's in the last bits, as any other kernel would (tests/test_native.py).
+Each computes a row from that row alone: a sentence's result does not depend on its batch.
+
+The library is built once per source, compiler and CPU into the user's cache folder ($NMT_CACHE, else
+$XDG_CACHE_HOME/nmt, else ~/.cache/nmt; about 0.2 s), written to a temporary name and renamed, so processes that
+start together (workers) never load a half-written file. Where no compiler is found, the build fails, the folder
+cannot be written or NMT_NATIVE=0 is set, `library()` is None and callers use their torch operators: the kernels
+are a speed-up, never a requirement.
+
+Shape legend: R rows, I input features, O output features.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = r"""
+#include <math.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+#include <stdint.h>
+
+/* max |x_i| over a row, in 16 lanes so that it vectorizes (max is exact in any order). */
+static float row_amax(const float *x, int64_t width) {
+    float lane[16] = {0.0f};
+    int64_t i = 0;
+    for (; i + 16 <= width; i += 16)
+        for (int k = 0; k < 16; ++k) {
+            float a = fabsf(x[i + k]);
+            lane[k] = a > lane[k] ? a : lane[k];
+        }
+    float amax = 0.0f;
+    for (int k = 0; k < 16; ++k) amax = lane[k] > amax ? lane[k] : amax;
+    for (; i < width; ++i) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
+/* exp(x) for x <= 0 (scores minus their maximum), vectorizable: Cephes' expf polynomial with 2^n from the exponent
+   bits; within 2 ulp of expf, and exactly 0 below -87 (where expf is below 1.7e-38), -inf included. */
+static inline float exp_nonpositive(float x) {
+    float y = x < -87.0f ? -87.0f : x;
+    float n = rintf(y * 1.44269504088896341f);
+    float r = y - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } two_n = {.i = ((int32_t)n + 127) << 23};
+    float e = p * two_n.f;
+    return x < -87.0f ? 0.0f : e;
+}
+
+static inline float dot(const float *a, const float *b, int64_t dim) {
+    float lane[16] = {0.0f};
+    int64_t d = 0;
+    for (; d + 16 <= dim; d += 16)
+        for (int k = 0; k < 16; ++k) lane[k] += a[d + k] * b[d + k];
+    float sum = 0.0f;
+    for (; d < dim; ++d) sum += a[d] * b[d];
+    for (int k = 0; k < 16; ++k) sum += lane[k];
+    return sum;
+}
+
+/* Attention of one query per (row, head) over `len` keys: q (r, n, :) at q + r * q_stride + n * dim; the keys and
+   values of row r are those of kv-row b = r / group, (b, n, j, :) at k + b * kv_stride + n * head_stride + j * dim;
+   bias (b, j) at bias + b * bias_stride is added to the scores (0 or -inf) where given. out (R, N * dim) contiguous
+   gets softmax(scale * q.k_j + bias_j) . v_j; weights (R, N, len), where given, the softmax. With AVX-512 and dim a
+   multiple of 16 up to 256 the products run on 16-float vectors; elsewhere in plain loops. */
+static void attend_head(const float *qv, const float *kb, const float *vb, int64_t dim, int64_t len,
+                        const float *bias, float scale, float *s, float *o) {
+    float m = -INFINITY;
+#ifdef __AVX512F__
+    if (dim % 16 == 0 && dim <= 256) {
+        int64_t blocks = dim / 16;
+        __m512 qr[16];
+        for (int64_t c = 0; c < blocks; ++c) qr[c] = _mm512_loadu_ps(qv + 16 * c);
+        for (int64_t j = 0; j < len; ++j) {
+            const float *kj = kb + j * dim;
+            __m512 acc = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kj));
+            for (int64_t c = 1; c < blocks; ++c) acc = _mm512_fmadd_ps(qr[c], _mm512_loadu_ps(kj + 16 * c), acc);
+            float x = _mm512_reduce_add_ps(acc) * scale;
+            if (bias) x += bias[j];
+            s[j] = x;
+            m = x > m ? x : m;
+        }
+    } else
+#endif
+    {
+        for (int64_t j = 0; j < len; ++j) {
+            const float *kj = kb + j * dim;
+            float x = 0.0f;
+            for (int64_t d = 0; d < dim; ++d) x += qv[d] * kj[d];
+            x *= scale;
+            if (bias) x += bias[j];
+            s[j] = x;
+            m = x > m ? x : m;
+        }
+    }
+    if (m == -INFINITY) m = 0.0f;
+    float total = 0.0f;
+    for (int64_t j = 0; j < len; ++j) {
+        s[j] = exp_nonpositive(s[j] - m);
+        total += s[j];
+    }
+    float inv = 1.0f / total;
+    for (int64_t j = 0; j < len; ++j) s[j] *= inv;
+#ifdef __AVX512F__
+    if (dim % 16 == 0 && dim <= 256) {
+        int64_t blocks = dim / 16;
+        __m512 acc[16];
+        for (int64_t c = 0; c < blocks; ++c) acc[c] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < len; ++j) {
+            __m512 w = _mm512_set1_ps(s[j]);
+            const float *vj = vb + j * dim;
+            for (int64_t c = 0; c < blocks; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+        }
+        for (int64_t c = 0; c < blocks; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
+        return;
+    }
+#endif
+    for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
+    for (int64_t j = 0; j < len; ++j)
+        for (int64_t d = 0; d < dim; ++d) o[d] += s[j] * vb[j * dim + d];
+}
+
+void attend(const float *q, int64_t rows, int64_t heads, int64_t dim, int64_t q_stride, int64_t group,
+            const float *k, const float *v, int64_t kv_stride, int64_t head_stride, int64_t len,
+            const float *bias, int64_t bias_stride, float scale, float *out, float *weights) {
+    float scratch[len];
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t b = r / group;
+        for (int64_t n = 0; n < heads; ++n) {
+            float *s = weights ? weights + (r * heads + n) * len : scratch;
+            attend_head(q + r * q_stride + n * dim, k + b * kv_stride + n * head_stride,
+                        v + b * kv_stride + n * head_stride, dim, len, bias ? bias + b * bias_stride : 0, scale, s,
+                        out + (r * heads + n) * dim);
+        }
+    }
+}
+
+/* A decoder step's self-attention: qkv (R, 3, N, dim) rows of the fused projection (q_stride apart); its key and
+   value are written at position t of the caches (R, N, room, dim) (row_stride, head_stride apart), then its query
+   attends over positions 0..t (as `attend`). */
+void self_attend(const float *qkv, int64_t rows, int64_t heads, int64_t dim, int64_t q_stride, float *k, float *v,
+                 int64_t row_stride, int64_t head_stride, int64_t t, float scale, float *out) {
+    int64_t width = heads * dim;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t n = 0; n < heads; ++n) {
+            const float *src = qkv + r * q_stride + n * dim;
+            float *kd = k + r * row_stride + n * head_stride + t * dim;
+            float *vd = v + r * row_stride + n * head_stride + t * dim;
+            for (int64_t d = 0; d < dim; ++d) {
+                kd[d] = src[width + d];
+                vd[d] = src[2 * width + d];
+            }
+        }
+    attend(qkv, rows, heads, dim, q_stride, 1, k, v, row_stride, head_stride, t + 1, 0, 0, scale, out, 0);
+}
+
+/* q (R, I) int8 and scale (R,) of x (R, I) fp32, as torch's
+   s = max(amax(|x_r|), 1e-12) / 127;  q = round(x / s)  (round half to even; |x / s| <= 127 so no clamp). */
+void quantize_rows(const float *x, int64_t rows, int64_t width, int8_t *q, float *scale) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * width;
+        int8_t *qr = q + r * width;
+        float amax = row_amax(xr, width);
+        float s = (amax > 1e-12f ? amax : 1e-12f) / 127.0f;
+        scale[r] = s;
+        for (int64_t i = 0; i < width; ++i) qr[i] = (int8_t)nearbyintf(xr[i] / s);
+    }
+}
+
+/* The whole of Int8Linear for a few rows with AVX-512 VNNI: each row of x (R, I) quantized as by quantize_rows (to
+   q + 128, an unsigned byte, which vpdpbusd takes), multiplied by the packed int8 weight, the product corrected by
+   128 * colsum (exact: int32 arithmetic), and scaled as by dequantize (the same float operations in the same order),
+   so y equals quantize_rows + torch._int_mm + dequantize bit for bit. packed: (O / 16, I / 4, 16, 4) int8 (output
+   unit o, input i at [o / 16][i / 4][o % 16][i % 4]); colsum (O,) int32 the weight's column sums. Needs I % 4 == 0,
+   O % 64 == 0 and I <= 4096; returns 0 (doing nothing) where this build has no VNNI, else 1. */
+int vnni_linear(const float *x, int64_t rows, int64_t in, int64_t out, const int8_t *packed, const int32_t *colsum,
+                const float *col_scale, const float *bias, float *y) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    if (in % 4 || out % 64 || in > 4096) return 0;
+    uint8_t qu[4][4096] __attribute__((aligned(64)));
+    float rs[4];
+    int64_t groups = in / 4;
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        int64_t rb = rows - r0 < 4 ? rows - r0 : 4;
+        for (int64_t r = 0; r < 4; ++r) {
+            if (r >= rb) {
+                for (int64_t i = 0; i < in; ++i) qu[r][i] = 128;
+                rs[r] = 0.0f;
+                continue;
+            }
+            const float *xr = x + (r0 + r) * in;
+            float amax = row_amax(xr, in);
+            float sc = (amax > 1e-12f ? amax : 1e-12f) / 127.0f;
+            rs[r] = sc;
+            for (int64_t i = 0; i < in; ++i) qu[r][i] = (uint8_t)((int32_t)nearbyintf(xr[i] / sc) + 128);
+        }
+        for (int64_t ob = 0; ob < out / 16; ob += 4) {
+            __m512i acc[4][4];
+            for (int r = 0; r < 4; ++r)
+                for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_si512();
+            const int8_t *w0 = packed + ob * groups * 64;
+            for (int64_t g = 0; g < groups; ++g) {
+                __m512i w[4];
+                for (int j = 0; j < 4; ++j) w[j] = _mm512_loadu_si512((const void *)(w0 + (j * groups + g) * 64));
+                for (int r = 0; r < 4; ++r) {
+                    int32_t four;
+                    __builtin_memcpy(&four, &qu[r][4 * g], 4);
+                    __m512i a = _mm512_set1_epi32(four);
+                    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], a, w[j]);
+                }
+            }
+            for (int j = 0; j < 4; ++j) {
+                int64_t o = (ob + j) * 16;
+                __m512i comp = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(colsum + o)), 7);
+                __m512 cs = _mm512_loadu_ps(col_scale + o);
+                for (int64_t r = 0; r < rb; ++r) {
+                    __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], comp));
+                    v = _mm512_mul_ps(v, _mm512_set1_ps(rs[r]));
+                    v = _mm512_mul_ps(v, cs);
+                    if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + o));
+                    _mm512_storeu_ps(y + (r0 + r) * out + o, v);
+                }
+            }
+        }
+    }
+    return 1;
+#else
+    (void)x; (void)rows; (void)in; (void)out; (void)packed; (void)colsum; (void)col_scale; (void)bias; (void)y;
+    return 0;
+#endif
+}
+
+/* y (R, O) = ((float)p * row_scale[r]) * col_scale[o] (+ bias[o]), each product rounded to fp32 in that order,
+   as torch's mul(p, row_scale).mul_(col_scale).add_(bias). */
+void dequantize(const int32_t *p, int64_t rows, int64_t width, const float *row_scale, const float *col_scale,
+                const float *bias, float *y) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const int32_t *pr = p + r * width;
+        float *yr = y + r * width;
+        float s = row_scale[r];
+        if (bias) {
+            for (int64_t o = 0; o < width; ++o) {
+                float v = (float)pr[o] * s;
+                v = v * col_scale[o];
+                yr[o] = v + bias[o];
+            }
+        } else {
+            for (int64_t o = 0; o < width; ++o) {
+                float v = (float)pr[o] * s;
+                yr[o] = v * col_scale[o];
+            }
+        }
+    }
+}
+
+/* out (R + 1, I): each row of x divided by its largest |value| (clamped to 1e-12), which goes to scale (R,), and a
+   last row of 1, 0, ..., 0, -1: the input of onednn_linear (nmt.models.quantize). */
+void unit_rows_pinned(const float *x, int64_t rows, int64_t width, float *out, float *scale) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * width;
+        float *orow = out + r * width;
+        float amax = row_amax(xr, width);
+        float s = amax > 1e-12f ? amax : 1e-12f;
+        scale[r] = s;
+        for (int64_t i = 0; i < width; ++i) orow[i] = xr[i] / s;
+    }
+    float *pin = out + rows * width;
+    for (int64_t i = 0; i < width; ++i) pin[i] = 0.0f;
+    pin[0] = 1.0f;
+    pin[width - 1] = -1.0f;
+}
+"""
+
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
+_I64 = ctypes.c_int64
+_P = ctypes.c_void_p
+SIGNATURES = {
+    "quantize_rows": [_P, _I64, _I64, _P, _P],
+    "dequantize": [_P, _I64, _I64, _P, _P, _P, _P],
+    "unit_rows_pinned": [_P, _I64, _I64, _P, _P],
+    "vnni_linear": [_P, _I64, _I64, _I64, _P, _P, _P, _P, _P],
+    "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P],
+    "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P],
+}
+
+
+def cache_dir() -> Path:
+    if os.environ.get("NMT_CACHE"):
+        return Path(os.environ["NMT_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "nmt"
+
+
+def _cpu_key() -> str:
+    """What -march=native depends on: the CPU's model and flags."""
+    from nmt.runtime import cpu_info
+
+    return f"{platform.machine()} {cpu_info('model name')} {cpu_info('flags')}"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "gcc", "cc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def build(folder: Path | None = None) -> Path | None:
+    """The compiled library's path (built now if not cached), or None where it cannot be built here."""
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    key = hashlib.sha256("\n".join([SOURCE, compiler, " ".join(FLAGS), _cpu_key()]).encode()).hexdigest()[:16]
+    folder = folder or cache_dir()
+    path = folder / f"kernels-{key}.so"
+    if path.exists():
+        return path
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            src = Path(tmp) / "kernels.c"
+            src.write_text(SOURCE)
+            out = Path(tmp) / "kernels.so"
+            subprocess.run(
+                [compiler, *FLAGS, str(src), "-o", str(out), "-lm"], check=True, capture_output=True, timeout=120
+            )
+            os.replace(out, path)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The kernels, or None (no compiler, a failed build, NMT_NATIVE=0, or not an x86/ARM CPU build of torch)."""
+    if os.environ.get("NMT_NATIVE", "1") == "0":
+        return None
+    path = build()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    for name, args in SIGNATURES.items():
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = ctypes.c_int if name == "vnni_linear" else None
+    return lib
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels can take these tensors: built here, float32 on the CPU, the last dim contiguous (each
+    kernel's caller checks the rest of its layout)."""
+    return library() is not None and all(
+        t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors
+    )
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, I) fp32 contiguous -> q (R, I) int8, scale (R, 1): Int8Linear's per-row quantization in one pass."""
+    rows, width = x.shape
+    q = torch.empty((rows, width), dtype=torch.int8)
+    scale = torch.empty((rows, 1), dtype=torch.float32)
+    library().quantize_rows(x.data_ptr(), rows, width, q.data_ptr(), scale.data_ptr())
+    return q, scale
+
+
+def dequantize(
+    product: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """product (R, O) int32 -> (R, O) fp32 = product * row_scale (R, 1) * col_scale (O,) (+ bias (O,))."""
+    rows, width = product.shape
+    y = torch.empty((rows, width), dtype=torch.float32)
+    library().dequantize(
+        product.data_ptr(),
+        rows,
+        width,
+        row_scale.data_ptr(),
+        col_scale.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        y.data_ptr(),
+    )
+    return y
+
+
+def unit_rows_pinned(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, I) fp32 -> (R + 1, I) rows divided by their largest |value|, then the pinned row; and the scales (R, 1)."""
+    rows, width = x.shape
+    out = torch.empty((rows + 1, width), dtype=torch.float32)
+    scale = torch.empty((rows, 1), dtype=torch.float32)
+    library().unit_rows_pinned(x.data_ptr(), rows, width, out.data_ptr(), scale.data_ptr())
+    return out, scale
+
+
+def self_attend(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, t: int, scale: float) -> torch.Tensor:
+    """A decoder step's self-attention: qkv (R, 3H) [Q; K; V] rows; K and V written at position t of the caches
+    (R, N, >= t + 1, D) (views of buffers, last two dims contiguous), Q attending over positions 0..t -> (R, H)."""
+    rows, heads, dim = keys.size(0), keys.size(1), keys.size(3)
+    out = torch.empty((rows, heads * dim), dtype=torch.float32)
+    library().self_attend(
+        qkv.data_ptr(), rows, heads, dim, qkv.stride(0), keys.data_ptr(), values.data_ptr(),
+        keys.stride(0), keys.stride(1), t, scale, out.data_ptr(),
+    )  # fmt: skip
+    return out
+
+
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float, need_weights: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cross-attention of a step: q (R, H), a sentence's R // B rows together, over its keys/values (B, N, W, D)
+    contiguous, bias (B, 1, 1, W) added to the scores -> (R, H) and, if asked, the weights (B, N, R // B, W)."""
+    rows = q.size(0)
+    sentences, heads, width, dim = keys.shape
+    out = torch.empty((rows, heads * dim), dtype=torch.float32)
+    weights = torch.empty((rows, heads, width), dtype=torch.float32) if need_weights else None
+    library().attend(
+        q.data_ptr(), rows, heads, dim, q.stride(0), rows // sentences, keys.data_ptr(), values.data_ptr(),
+        heads * width * dim, width * dim, width, bias.data_ptr(), width, scale, out.data_ptr(),
+        None if weights is None else weights.data_ptr(),
+    )  # fmt: skip
+    if weights is not None:
+        weights = weights.view(sentences, rows // sentences, heads, width).transpose(1, 2)
+    return out, weights
+
+
+def pack_vnni(weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """int8 weights (I, O) in vnni_linear's layout (O / 16, I / 4, 16, 4) and their column sums (O,) int32; None
+    where that kernel cannot take them (I % 4, O % 64, I > 4096) or this build has no VNNI."""
+    inner, out = weight_t.shape
+    if inner % 4 or out % 64 or inner > 4096 or not vnni():
+        return None
+    packed = weight_t.reshape(inner // 4, 4, out // 16, 16).permute(2, 0, 3, 1).contiguous()
+    return packed, weight_t.sum(0, dtype=torch.int32)
+
+
+@functools.cache
+def vnni() -> bool:
+    """Whether the kernels were built with AVX-512 VNNI (vnni_linear works)."""
+    lib = library()
+    if lib is None:
+        return False
+    x, w = torch.ones(1, 4), torch.ones(4, 64, dtype=torch.int8)
+    y = torch.empty(1, 64)
+    packed = w.reshape(1, 4, 4, 16).permute(2, 0, 3, 1).contiguous()
+    colsum, scale = w.sum(0, dtype=torch.int32), torch.ones(64)
+    return bool(
+        lib.vnni_linear(
+            x.data_ptr(), 1, 4, 64, packed.data_ptr(), colsum.data_ptr(), scale.data_ptr(), None, y.data_ptr()
+        )
+    )
+
+
+def vnni_linear(
+    x: torch.Tensor, packed: torch.Tensor, colsum: torch.Tensor, col_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x (R, I) fp32 contiguous -> (R, O): Int8Linear's quantize, product and scaling in one call (`pack_vnni`)."""
+    rows, inner = x.shape
+    out = colsum.numel()
+    y = torch.empty((rows, out), dtype=torch.float32)
+    library().vnni_linear(
+        x.data_ptr(), rows, inner, out, packed.data_ptr(), colsum.data_ptr(), col_scale.data_ptr(),
+        None if bias is None else bias.data_ptr(), y.data_ptr(),
+    )  # fmt: skip
+    return y

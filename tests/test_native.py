@@ -1,0 +1,172 @@
+"""The fused CPU kernels (nmt.models.native) compute what the torch operators they replace compute: the int8
+chains bit for bit, attention to float rounding; the search's outputs do not depend on them or on when ended rows
+leave the batch; and without a compiler everything falls back to torch."""
+
+import pytest
+import torch
+
+import nmt.search as search
+from nmt.config import ModelConfig
+from nmt.models import native
+from nmt.models.quantize import Int8Linear, pinned_row, to_precision
+from nmt.models.seq2seq import build_model
+from tests.conftest import random_batch
+
+built = pytest.mark.skipif(native.library() is None, reason="no C compiler here: the kernels fall back to torch")
+
+
+def torch_quantize(rows):
+    scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-12).div_(127)
+    return (rows / scale).round_().to(torch.int8), scale
+
+
+def rows_of(count, width, seed=0):
+    """Random rows at several magnitudes, one all zeros (its scale clamps), one with exact .5 ties."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(count, width, generator=g) * torch.logspace(-3, 2, count)[:, None]
+    x[0] = 0.0
+    if count > 1:
+        x[1] = torch.arange(width) % 7 - 3.0  # scale 3 / 127: many values land on halves
+        x[1, 0] = 127 * 3 / 127
+    return x
+
+
+@built
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 256, 1000])
+def test_quantize_and_dequantize_equal_the_torch_operators_bit_for_bit(width):
+    x = rows_of(9, width)
+    q, scale = native.quantize_rows(x)
+    want_q, want_scale = torch_quantize(x.clone())
+    assert torch.equal(q, want_q) and torch.equal(scale, want_scale)
+    product = torch.randint(-(2**20), 2**20, (9, 67), dtype=torch.int32)
+    col, bias = torch.rand(67) / 50, torch.randn(67)
+    assert torch.equal(native.dequantize(product, scale, col, bias), torch.mul(product, scale).mul_(col).add_(bias))
+    assert torch.equal(native.dequantize(product, scale, col, None), torch.mul(product, scale).mul_(col))
+    unit, unit_scale = native.unit_rows_pinned(x)
+    want = x.abs().amax(1, keepdim=True).clamp_min_(1e-12)
+    assert torch.equal(unit, torch.cat([x / want, pinned_row(x)])) and torch.equal(unit_scale, want)
+
+
+@built
+@pytest.mark.skipif(not native.vnni(), reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 24])
+def test_vnni_linear_equals_quantize_int_mm_and_scaling_bit_for_bit(rows):
+    torch.manual_seed(rows)
+    for inner, out in [(256, 768), (1024, 256), (4, 64)]:
+        weight_t = torch.randint(-127, 128, (inner, out), dtype=torch.int8)
+        col, bias = torch.rand(out) / 100, torch.randn(out)
+        x = rows_of(rows, inner, seed=rows)
+        q, scale = torch_quantize(x.clone())
+        want = torch.mul(torch._int_mm(q, weight_t), scale).mul_(col).add_(bias)
+        got = native.vnni_linear(x, *native.pack_vnni(weight_t), col, bias)
+        assert torch.equal(got, want), (inner, out)
+    assert native.pack_vnni(torch.zeros(6, 64, dtype=torch.int8)) is None  # inner not a multiple of 4
+    assert native.pack_vnni(torch.zeros(8, 48, dtype=torch.int8)) is None  # outputs not a multiple of 64
+
+
+@built
+def test_an_int8_linear_gives_the_same_numbers_with_and_without_the_kernels(monkeypatch):
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.nn.Linear(256, 768))
+    x = torch.randn(40, 256)
+    fused = [layer(x[:n]) for n in (1, 7, 24, 40)]  # few rows (vnni_linear where built) and more
+    monkeypatch.setattr(native, "library", lambda: None)
+    plain = [layer(x[:n]) for n in (1, 7, 24, 40)]
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
+
+
+def torch_attention(q, k, v, bias):
+    """q (B, N, G, D), k/v (B, N, W, D), bias (B, 1, 1, W) -> out (B, N, G, D), weights (B, N, G, W)."""
+    weights = (q @ k.transpose(-2, -1) + bias).softmax(-1)
+    return weights @ v, weights
+
+
+@built
+@pytest.mark.parametrize("dim", [8, 16, 64, 72])  # the plain loops (8, 72) and the AVX-512 ones (16, 64)
+@pytest.mark.parametrize("group", [1, 5])
+def test_attention_kernel_equals_softmax_attention(dim, group):
+    torch.manual_seed(dim + group)
+    sentences, heads, width = 3, 4, 19
+    q = torch.randn(sentences * group, heads * dim)
+    k, v = torch.randn(sentences, heads, width, dim), torch.randn(sentences, heads, width, dim)
+    bias = torch.zeros(sentences, 1, 1, width)
+    bias[0, ..., 11:] = float("-inf")  # a short source
+    out, weights = native.attend(q, k, v, bias, 1.0, True)
+    want, want_weights = torch_attention(q.view(sentences, group, heads, dim).transpose(1, 2), k, v, bias)
+    torch.testing.assert_close(out, want.transpose(1, 2).reshape(sentences * group, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weights, want_weights, rtol=1e-5, atol=1e-6)
+    assert bool((weights[0, ..., 11:] == 0).all())  # masked keys get exactly nothing
+    alone, _ = native.attend(q[:group].contiguous(), k[:1].contiguous(), v[:1].contiguous(), bias[:1], 1.0, False)
+    assert torch.equal(alone, out[:group])  # a sentence's result does not depend on its batch
+
+
+@built
+def test_self_attention_kernel_writes_the_cache_and_attends_over_it():
+    torch.manual_seed(1)
+    rows, heads, dim, room, t = 5, 4, 16, 12, 6
+    qkv = torch.randn(rows, 3 * heads * dim)
+    keys, values = torch.randn(rows, heads, room, dim), torch.randn(rows, heads, room, dim)
+    view_k, view_v = keys[:, :, : t + 1], values[:, :, : t + 1]
+    out = native.self_attend(qkv, view_k, view_v, t, 0.25)
+    q, k, v = qkv.view(rows, 3, heads, dim).unbind(1)
+    assert torch.equal(keys[:, :, t], k) and torch.equal(values[:, :, t], v)
+    scores = (q[:, :, None] @ keys[:, :, : t + 1].transpose(-2, -1)) * 0.25
+    want = scores.softmax(-1) @ values[:, :, : t + 1]
+    torch.testing.assert_close(out, want.reshape(rows, -1), rtol=0, atol=2e-6)
+
+
+def tiny(precision):
+    cfg = ModelConfig(dim=64, layers=2, dropout=0.0, arch="transformer", heads=4, ffn_dim=128)
+    torch.manual_seed(0)
+    return to_precision(build_model(cfg, 50, 50, joint=True).eval(), precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_greedy_outputs_do_not_depend_on_when_ended_rows_leave_the_batch(precision, monkeypatch):
+    model = tiny(precision)
+    batch = random_batch(50, src_lens=(9, 3, 14, 5, 7, 11, 2, 6), tgt_lens=(4,) * 8, seed=5)
+    max_len = torch.randint(3, 25, (8,), generator=torch.Generator().manual_seed(2))
+    results = []
+    for share in (0.0, 0.25, 1.0):
+        monkeypatch.setattr(search, "compact_share", share)
+        hyps = search.greedy_search(model, batch.src, batch.src_mask, max_len)
+        results.append([(h.tokens, h.score, h.attention) for h in hyps])
+    for other in results[1:]:
+        for (tokens, score, attn), (tokens2, score2, attn2) in zip(results[0], other):
+            assert tokens == tokens2
+            if precision == "int8":  # per-row scales and exact int32 products: the same numbers in any batch
+                assert score == score2 and torch.equal(attn, attn2)
+            else:  # fp32 products of different row counts may take different kernels (last bits)
+                assert abs(score - score2) < 1e-4
+                torch.testing.assert_close(attn, attn2, rtol=0, atol=1e-5)
+    assert [len(r[0]) for r in results[0]] != [len(results[0][0][0])] * 8  # rows did end at different steps
+
+
+@built
+def test_decoding_with_and_without_the_kernels_agrees(monkeypatch):
+    model = tiny("int8")
+    batch = random_batch(50, src_lens=(9, 3, 14, 5), tgt_lens=(4,) * 4, seed=7)
+    max_len = torch.full((4,), 12)
+    fused = [h[0] for h in search.beam_search(model, batch.src, batch.src_mask, max_len, 3)]
+    monkeypatch.setattr(native, "library", lambda: None)
+    plain = [h[0] for h in search.beam_search(model, batch.src, batch.src_mask, max_len, 3)]
+    assert [h.tokens for h in fused] == [h.tokens for h in plain]
+    for a, b in zip(fused, plain):
+        assert abs(a.score - b.score) < 1e-4
+
+
+def test_without_a_compiler_or_with_nmt_native_0_there_are_no_kernels(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    assert native.build(tmp_path) is None
+    monkeypatch.setenv("NMT_NATIVE", "0")
+    assert native.library.__wrapped__() is None
+
+
+@built
+def test_the_library_is_built_once_into_the_cache_folder(tmp_path):
+    path = native.build(tmp_path)
+    assert path is not None and path.parent == tmp_path and path.name.startswith("kernels-")
+    stamp = path.stat().st_mtime_ns
+    assert native.build(tmp_path) == path and path.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary files left behind
