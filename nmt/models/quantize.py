@@ -178,13 +178,20 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, x.size(-1))  # (R, I)
         if rows.dtype != torch.float32:
             rows = rows.float()
+        native_rows = native.usable(rows) and rows.is_contiguous()
+        fast = native_rows and native.amx_shape(self.in_features, self.out_features)
+        if fast:  # AMX: one call at any number of rows, the same numbers as below (int_mm's)
+            if self._vnni is None:
+                self._vnni = native.pack_vnni(self.weight_t) or False
+            if self._vnni:
+                return native.vnni_linear(rows, *self._vnni, self.scale, self.bias).view(*x.shape[:-1], -1)
         if self.out_features >= ONEDNN_MIN_OUT and not rows.is_cuda and self._packed is not False:
             if self._packed is None:
                 packed = pack_onednn(self.weight_t, self.scale) if onednn_int8() else None
                 self._packed = False if packed is None else packed
             if self._packed is not False:
                 return onednn_linear(rows, self._packed, self.bias).view(*x.shape[:-1], -1)
-        if native.usable(rows) and rows.is_contiguous():  # the same numbers in two passes instead of nine operators
+        if native_rows:  # the same numbers in two passes instead of nine operators
             if rows.size(0) <= VNNI_MAX_ROWS:
                 if self._vnni is None:
                     self._vnni = native.pack_vnni(self.weight_t) or False
