@@ -66,6 +66,26 @@ static float row_amax(const float *x, int64_t width) {
     return amax;
 }
 
+/* Rows of x (R, I) quantized as by quantize_rows into q (padded, I) bytes, plus `shift` (0: int8 as it is; 128:
+   the unsigned q + 128 that vpdpbusd takes), their scales into rs; rows past R are the zero row (q = shift,
+   scale 0). */
+static void quantize_padded(const float *x, int64_t rows, int64_t padded, int64_t in, uint8_t *q, float *rs,
+                            int32_t shift) {
+    for (int64_t r = 0; r < padded; ++r) {
+        uint8_t *qr = q + r * in;
+        if (r >= rows) {
+            for (int64_t i = 0; i < in; ++i) qr[i] = (uint8_t)shift;
+            rs[r] = 0.0f;
+            continue;
+        }
+        const float *xr = x + r * in;
+        float amax = row_amax(xr, in);
+        float sc = (amax > 1e-12f ? amax : 1e-12f) / 127.0f;
+        rs[r] = sc;
+        for (int64_t i = 0; i < in; ++i) qr[i] = (uint8_t)((int32_t)nearbyintf(xr[i] / sc) + shift);
+    }
+}
+
 /* exp(x) for x <= 0 (scores minus their maximum), vectorizable: Cephes' expf polynomial with 2^n from the exponent
    bits; within 2 ulp of expf, and exactly 0 below -87 (where expf is below 1.7e-38), -inf included. */
 static inline float exp_nonpositive(float x) {
@@ -237,19 +257,7 @@ static void amx_qlinear(const float *x, int64_t rows, int64_t in, int64_t out, c
     int8_t *q = blocks * 16 * in <= (int64_t)sizeof small ? small : (int8_t *)aligned_alloc(64, blocks * 16 * in);
     float rs_small[32];
     float *rs = blocks * 16 <= 32 ? rs_small : (float *)malloc(blocks * 16 * sizeof(float));
-    for (int64_t r = 0; r < blocks * 16; ++r) {
-        int8_t *qr = q + r * in;
-        if (r >= rows) {
-            for (int64_t i = 0; i < in; ++i) qr[i] = 0;
-            rs[r] = 0.0f;
-            continue;
-        }
-        const float *xr = x + r * in;
-        float amax = row_amax(xr, in);
-        float sc = (amax > 1e-12f ? amax : 1e-12f) / 127.0f;
-        rs[r] = sc;
-        for (int64_t i = 0; i < in; ++i) qr[i] = (int8_t)nearbyintf(xr[i] / sc);
-    }
+    quantize_padded(x, rows, blocks * 16, in, (uint8_t *)q, rs, 0);
     TileConfig cfg = {0};
     cfg.palette = 1;
     for (int t = 0; t < 5; ++t) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
@@ -316,19 +324,7 @@ static void qlinear(const float *x, int64_t rows, int64_t in, int64_t out, const
     uint8_t *qu = blocks * 4 * in <= (int64_t)sizeof small ? small : (uint8_t *)malloc(blocks * 4 * in);
     float rs_small[16];
     float *rs = blocks * 4 <= 16 ? rs_small : (float *)malloc(blocks * 4 * sizeof(float));
-    for (int64_t r = 0; r < blocks * 4; ++r) {
-        uint8_t *qr = qu + r * in;
-        if (r >= rows) {
-            for (int64_t i = 0; i < in; ++i) qr[i] = 128;
-            rs[r] = 0.0f;
-            continue;
-        }
-        const float *xr = x + r * in;
-        float amax = row_amax(xr, in);
-        float sc = (amax > 1e-12f ? amax : 1e-12f) / 127.0f;
-        rs[r] = sc;
-        for (int64_t i = 0; i < in; ++i) qr[i] = (uint8_t)((int32_t)nearbyintf(xr[i] / sc) + 128);
-    }
+    quantize_padded(x, rows, blocks * 4, in, qu, rs, 128);
     for (int64_t ob = 0; ob < out / 16; ob += 4) {
         const int8_t *w0 = packed + ob * groups * 64;
         __m512i comp[4];
