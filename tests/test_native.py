@@ -170,3 +170,44 @@ def test_the_library_is_built_once_into_the_cache_folder(tmp_path):
     stamp = path.stat().st_mtime_ns
     assert native.build(tmp_path) == path and path.stat().st_mtime_ns == stamp  # reused, not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary files left behind
+
+
+@pytest.mark.skipif(native._compiler() is None, reason="no C compiler here")
+def test_the_kernels_compile_wherever_there_is_a_compiler(tmp_path):
+    """The fallback to torch is for machines without a compiler, never a cover for a source that does not build."""
+    assert native.build(tmp_path) is not None
+    assert native.library() is not None
+
+
+@built
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_whole_layer_in_one_call_steps_as_the_layer_does(precision, monkeypatch):
+    """native.layer_step (int8) and layer_step32 (fp32 on MKL's packed products) against the same decoding copy
+    stepping through torch's operators, over more steps than the caches' first room."""
+    from nmt.models.packed import mkl_packed
+
+    model = tiny(precision)
+    layer = model.decoder.layers[0]
+    made = native.layer8(layer) if precision == "int8" else native.layer32(layer)
+    if made is None:
+        assert (precision == "int8" and not native.vnni()) or (precision == "fp32" and mkl_packed() is None)
+        pytest.skip(f"no fused {precision} layer on this machine")
+    batch = random_batch(50, src_lens=(9, 3, 14), tgt_lens=(30,) * 3, seed=4)
+
+    def steps():
+        enc = model.encode(batch.src, batch.src_mask)
+        state, out = model.init_state(enc), []
+        with torch.no_grad():
+            for t in range(30):
+                logits, state, attn = model.step(batch.tgt_in[:, t], enc, state)
+                out.append((logits, attn))
+        return out
+
+    fused = steps()
+    monkeypatch.setattr(native, "layer8", lambda layer: None)
+    monkeypatch.setattr(native, "layer32", lambda layer: None)
+    plain = steps()
+    tolerance = 1e-5 if precision == "fp32" else 2e-3  # int8: a norm's last bit can move a value's quantum
+    for (a, attn_a), (b, attn_b) in zip(fused, plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=tolerance)
+        torch.testing.assert_close(attn_a, attn_b, rtol=0, atol=tolerance)

@@ -400,12 +400,18 @@ typedef struct {
     int64_t in, out;
 } Linear8;
 
-/* A Transformer decoder layer's weights for `layer_step`. */
+/* What every fused decoder layer holds besides its linears. */
 typedef struct {
     int64_t dim, heads, head_dim, pre;
     const float *norm_w[3], *norm_b[3];
     float eps[3], self_scale, cross_scale;
-    Linear8 qkv, self_out, cross_q, cross_out, ffn_in, ffn_out;
+} LayerHead;
+
+/* A Transformer decoder layer's weights for `layer_step`; linears: qkv, self_out, cross_q, cross_out, ffn_in,
+   ffn_out. */
+typedef struct {
+    LayerHead head;
+    Linear8 linear[6];
 } Layer8;
 
 /* nn.LayerNorm of each row of x (R, H) into y: (x - mean) / sqrt(var + eps) * w + b, the biased variance. */
@@ -425,42 +431,99 @@ static void layer_norm(const float *x, int64_t rows, int64_t dim, const float *w
     }
 }
 
+/* MKL's cblas_sgemm_compute (torch's own MKL, found by the caller), for layer_step32. */
+typedef void (*SgemmCompute)(int, int, int, int64_t, int64_t, int64_t, const float *, int64_t, const void *,
+                             int64_t, float, float *, int64_t);
+
+/* One fp32 linear of a fused layer: MKL's packed weight (nmt.models.packed) and the bias. */
+typedef struct {
+    const void *packed;
+    const float *bias;
+    int64_t in, out;
+} Linear32;
+
+typedef struct {
+    LayerHead head;
+    SgemmCompute compute;
+    Linear32 linear[6];
+} Layer32;
+
+/* Linear `which` of a fused layer: y = x W^T + b (relu: max(., 0)); residual: y += that instead (tmp: scratch of
+   R * out floats where the product needs one). */
+typedef void (*LayerLinear)(const void *layer, int which, const float *x, int64_t rows, float *y, int relu,
+                            int residual, float *tmp);
+
+/* fp32: MKL's packed product, the bias as C and beta 1 (as PackedLinear). */
+static void linear32(const void *layer, int which, const float *x, int64_t rows, float *y, int relu, int residual,
+                     float *tmp) {
+    const Layer32 *L = (const Layer32 *)layer;
+    const Linear32 *l = &L->linear[which];
+    float *c = residual ? tmp : y;
+    for (int64_t r = 0; r < rows; ++r) __builtin_memcpy(c + r * l->out, l->bias, l->out * sizeof(float));
+    L->compute(101, 111, 151, rows, l->out, l->in, x, l->in, l->packed, l->in, 1.0f, c, l->out);
+    int64_t n = rows * l->out;
+    if (relu)
+        for (int64_t i = 0; i < n; ++i) c[i] = c[i] > 0.0f ? c[i] : 0.0f;
+    if (residual)
+        for (int64_t i = 0; i < n; ++i) y[i] = y[i] + c[i];
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-static void lin(const Linear8 *l, const float *x, int64_t rows, float *y, int relu, const float *residual) {
-    qlinear(x, rows, l->in, l->out, l->packed, l->colsum, l->scale, l->bias, y, relu, residual);
+/* int8: qlinear (VNNI or AMX), the residual added in its last pass. */
+static void linear8(const void *layer, int which, const float *x, int64_t rows, float *y, int relu, int residual,
+                    float *tmp) {
+    (void)tmp;
+    const Linear8 *l = &((const Layer8 *)layer)->linear[which];
+    qlinear(x, rows, l->in, l->out, l->packed, l->colsum, l->scale, l->bias, y, relu, residual ? y : 0);
 }
 #endif
 
-/* DecoderLayer.step_one in one call for an int8 decoding copy: x (R, H) updated in place; caches and cross-attention
-   as for self_attend / attend (the cross keys (B, N, W, D) contiguous, bias (B, W)); weights (R, N, W) or NULL.
-   scratch: at least R * (3H + 2H + ffn) floats. Returns 0 where this build has no VNNI. */
+/* DecoderLayer.step_one in one call: x (R, H) updated in place; the caches and cross-attention as for
+   self_attend / attend (cross keys (B, N, W, D) contiguous, bias (B, W)); weights (R, N, W) or NULL. scratch: at
+   least R * (3H + max(3H, ffn)) floats. */
+static void layer_body(const LayerHead *L, LayerLinear linear, const void *layer, float *x, int64_t rows,
+                       float *keys, float *values, int64_t row_stride, int64_t head_stride, int64_t t,
+                       const float *ck, const float *cv, int64_t width, const float *cbias, int64_t sentences,
+                       float *weights, float *scratch) {
+    int64_t H = L->dim, N = L->heads, D = L->head_dim, group = rows / sentences;
+    float *h = scratch, *att = h + rows * H, *tmp = att + rows * H, *big = tmp + rows * H;
+    for (int block = 0; block < 3; ++block) {
+        const float *in = x;
+        if (L->pre) {
+            layer_norm(x, rows, H, L->norm_w[block], L->norm_b[block], L->eps[block], h);
+            in = h;
+        }
+        if (block == 0) {
+            linear(layer, 0, in, rows, big, 0, 0, tmp);
+            self_attend(big, rows, N, D, 3 * H, keys, values, row_stride, head_stride, t, L->self_scale, att);
+            linear(layer, 1, att, rows, x, 0, 1, tmp);
+        } else if (block == 1) {
+            linear(layer, 2, in, rows, big, 0, 0, tmp);
+            attend(big, rows, N, D, H, group, ck, cv, N * width * D, width * D, width, cbias, width,
+                   L->cross_scale, att, weights);
+            linear(layer, 3, att, rows, x, 0, 1, tmp);
+        } else {
+            linear(layer, 4, in, rows, big, 1, 0, tmp);
+            linear(layer, 5, big, rows, x, 0, 1, tmp);
+        }
+        if (!L->pre) layer_norm(x, rows, H, L->norm_w[block], L->norm_b[block], L->eps[block], x);
+    }
+}
+
+void layer_step32(const Layer32 *L, float *x, int64_t rows, float *keys, float *values, int64_t row_stride,
+                  int64_t head_stride, int64_t t, const float *ck, const float *cv, int64_t width, const float *cbias,
+                  int64_t sentences, float *weights, float *scratch) {
+    layer_body(&L->head, linear32, L, x, rows, keys, values, row_stride, head_stride, t, ck, cv, width, cbias,
+               sentences, weights, scratch);
+}
+
+/* layer_body for an int8 decoding copy; returns 0 (doing nothing) where this build has no VNNI. */
 int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *values, int64_t row_stride,
                int64_t head_stride, int64_t t, const float *ck, const float *cv, int64_t width, const float *cbias,
                int64_t sentences, float *weights, float *scratch) {
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-    int64_t H = L->dim, N = L->heads, D = L->head_dim, group = rows / sentences;
-    float *h = scratch, *att = h + rows * H, *big = att + rows * H;  /* big: (R, 3H) or (R, ffn) */
-    /* self-attention */
-    const float *in = x;
-    if (L->pre) { layer_norm(x, rows, H, L->norm_w[0], L->norm_b[0], L->eps[0], h); in = h; }
-    lin(&L->qkv, in, rows, big, 0, 0);
-    self_attend(big, rows, N, D, 3 * H, keys, values, row_stride, head_stride, t, L->self_scale, att);
-    lin(&L->self_out, att, rows, x, 0, x);
-    if (!L->pre) layer_norm(x, rows, H, L->norm_w[0], L->norm_b[0], L->eps[0], x);
-    /* cross-attention */
-    in = x;
-    if (L->pre) { layer_norm(x, rows, H, L->norm_w[1], L->norm_b[1], L->eps[1], h); in = h; }
-    lin(&L->cross_q, in, rows, big, 0, 0);
-    attend(big, rows, N, D, H, group, ck, cv, N * width * D, width * D, width, cbias, width, L->cross_scale, att,
-           weights);
-    lin(&L->cross_out, att, rows, x, 0, x);
-    if (!L->pre) layer_norm(x, rows, H, L->norm_w[1], L->norm_b[1], L->eps[1], x);
-    /* feed-forward */
-    in = x;
-    if (L->pre) { layer_norm(x, rows, H, L->norm_w[2], L->norm_b[2], L->eps[2], h); in = h; }
-    lin(&L->ffn_in, in, rows, big, 1, 0);
-    lin(&L->ffn_out, big, rows, x, 0, x);
-    if (!L->pre) layer_norm(x, rows, H, L->norm_w[2], L->norm_b[2], L->eps[2], x);
+    layer_body(&L->head, linear8, L, x, rows, keys, values, row_stride, head_stride, t, ck, cv, width, cbias,
+               sentences, weights, scratch);
     return 1;
 #else
     (void)L; (void)x; (void)rows; (void)keys; (void)values; (void)row_stride; (void)head_stride; (void)t; (void)ck;
@@ -519,6 +582,7 @@ SIGNATURES = {
     "unit_rows_pinned": [_P, _I64, _I64, _P, _P],
     "vnni_linear": [_P, _I64, _I64, _I64, _P, _P, _P, _P, _P],
     "has_amx": [],
+    "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
     "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
     "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P],
     "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P],
@@ -739,6 +803,7 @@ class Layer8(ctypes.Structure):
 
 _LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DecoderLayer -> (Layer8, tensors it points
 # into) or None: made at a layer's first fused step, never pickled with the model
+_LAYERS32: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the same for layer32
 
 
 def layer8(layer) -> tuple[Layer8, list] | None:
@@ -749,16 +814,8 @@ def layer8(layer) -> tuple[Layer8, list] | None:
     from nmt.models.quantize import Int8Linear
 
     made = None
-    attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
-    linears = [getattr(attn, "qkv_proj", None), attn.out_proj, cross.q_proj, cross.out_proj, ffn[0], ffn[-1]]
-    norms = [layer.res_self.norm, layer.res_cross.norm, layer.res_ffn.norm]
-    if (
-        vnni()
-        and all(type(linear) is Int8Linear for linear in linears)
-        and all(norm.weight is not None and norm.bias is not None for norm in norms)
-        and type(ffn[1]) is torch.nn.ReLU
-        and len(ffn) == 4
-    ):
+    linears, norms = _layer_parts(layer)
+    if vnni() and norms and all(type(linear) is Int8Linear for linear in linears):
         packs = [linear._vnni if linear._vnni else pack_vnni(linear.weight_t) for linear in linears]
         if all(packs):
             for linear, pack in zip(linears, packs):
@@ -775,18 +832,7 @@ def layer8(layer) -> tuple[Layer8, list] | None:
                 )
                 for linear, pack in zip(linears, packs)
             ]
-            struct = Layer8(
-                attn.heads * attn.head_dim,
-                attn.heads,
-                attn.head_dim,
-                int(layer.res_self.pre),
-                (_P * 3)(*(n.weight.data_ptr() for n in norms)),
-                (_P * 3)(*(n.bias.data_ptr() for n in norms)),
-                (ctypes.c_float * 3)(*(n.eps for n in norms)),
-                1.0 if attn.prescaled else attn.scale,
-                1.0 if cross.prescaled else cross.scale,
-                *parts,
-            )
+            struct = Layer8(*_layer_head(layer, norms), *parts)
             made = (struct, keep)
     _LAYERS[layer] = made
     return made
@@ -809,9 +855,10 @@ def layer_step(
     sentences, heads, width, _ = cross_k.shape
     out = x.reshape(rows, dim).clone()
     ffn = struct.ffn_in.out
-    scratch = torch.empty(rows * (2 * dim + max(3 * dim, ffn)), dtype=torch.float32)
+    scratch = torch.empty(rows * (3 * dim + max(3 * dim, ffn)), dtype=torch.float32)
     weights = torch.empty((rows, heads, width), dtype=torch.float32) if need_weights else None
-    library().layer_step(
+    step = library().layer_step32 if isinstance(struct, Layer32) else library().layer_step
+    step(
         ctypes.byref(struct), out.data_ptr(), rows, keys.data_ptr(), values.data_ptr(), keys.stride(0),
         keys.stride(1), t, cross_k.data_ptr(), cross_v.data_ptr(), width, cross_bias.data_ptr(), sentences,
         None if weights is None else weights.data_ptr(), scratch.data_ptr(),
@@ -819,3 +866,68 @@ def layer_step(
     if weights is not None:
         weights = weights.view(sentences, rows // sentences, heads, width).transpose(1, 2)
     return out.view(rows, 1, dim), weights
+
+
+class Linear32(ctypes.Structure):
+    _fields_ = [("packed", _P), ("bias", _P), ("inner", _I64), ("out", _I64)]
+
+
+class Layer32(ctypes.Structure):
+    _fields_ = [
+        *Layer8._fields_[:9],
+        ("compute", _P),
+        *((name, Linear32) for name in ("qkv", "self_out", "cross_q", "cross_out", "ffn_in", "ffn_out")),
+    ]
+
+
+def layer32(layer) -> tuple[Layer32, list] | None:
+    """A decoding copy's fp32 DecoderLayer whose linears are all PackedLinear (MKL's packed product, Intel) as
+    `layer_step32` takes it, or None."""
+    if layer in _LAYERS32:
+        return _LAYERS32[layer]
+    from nmt.models.packed import PackedLinear, mkl_packed
+
+    made = None
+    linears, norms = _layer_parts(layer)
+    mkl = mkl_packed()
+    if (
+        mkl is not None
+        and norms
+        and all(type(linear) is PackedLinear and linear.bias is not None for linear in linears)
+    ):
+        packs = [linear._pack(mkl) for linear in linears]
+        parts = [
+            Linear32(pack.data_ptr(), linear.bias.data_ptr(), linear.in_features, linear.out_features)
+            for linear, pack in zip(linears, packs)
+        ]
+        struct = Layer32(*_layer_head(layer, norms), ctypes.cast(mkl.cblas_sgemm_compute, _P).value, *parts)
+        made = (struct, [packs, linears, norms])
+    _LAYERS32[layer] = made
+    return made
+
+
+def _layer_parts(layer) -> tuple[list, list]:
+    """A DecoderLayer's six linears in the kernels' order and its three norms; no norms where the layer is not
+    the one the kernels compute (a feed-forward other than linear-ReLU-dropout-linear, norms without weights)."""
+    attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+    norms = [layer.res_self.norm, layer.res_cross.norm, layer.res_ffn.norm]
+    if len(ffn) != 4 or type(ffn[1]) is not torch.nn.ReLU or any(n.weight is None or n.bias is None for n in norms):
+        return [], []
+    linears = [getattr(attn, "qkv_proj", None), attn.out_proj, cross.q_proj, cross.out_proj, ffn[0], ffn[-1]]
+    return linears, norms
+
+
+def _layer_head(layer, norms) -> tuple:
+    """Layer8's and Layer32's first fields: sizes, norms, attention scales."""
+    attn, cross = layer.self_attn, layer.cross_attn
+    return (
+        attn.heads * attn.head_dim,
+        attn.heads,
+        attn.head_dim,
+        int(layer.res_self.pre),
+        (_P * 3)(*(n.weight.data_ptr() for n in norms)),
+        (_P * 3)(*(n.bias.data_ptr() for n in norms)),
+        (ctypes.c_float * 3)(*(n.eps for n in norms)),
+        1.0 if attn.prescaled else attn.scale,
+        1.0 if cross.prescaled else cross.scale,
+    )

@@ -339,13 +339,11 @@ class DecoderLayer(nn.Module):
         kept: list[torch.Tensor | None] = []
 
         fused = native.usable(x, keys, values, *cross_kv, cross_bias) and all(c.is_contiguous() for c in cross_kv)
-        if (
-            fused
-            and (rows <= FUSED_MAX_ROWS or torch.get_num_threads() == 1 or native.amx())
-            and keys.stride(2) == keys.size(3)
-            and x.is_contiguous()
-        ):
-            made = native.layer8(self)  # an int8 layer in one call
+        if fused and keys.stride(2) == keys.size(3) and x.is_contiguous():  # the layer in one call
+            made = native.layer8(self)  # int8 (single-threaded products: with more threads, up to FUSED_MAX_ROWS)
+            if made is not None and not (rows <= FUSED_MAX_ROWS or torch.get_num_threads() == 1 or native.amx()):
+                made = None
+            made = made or native.layer32(self)  # fp32 on MKL's packed products
             if made is not None:
                 return native.layer_step(made, x, keys, values, t, *cross_kv, cross_bias, need_weights)
 
