@@ -768,6 +768,11 @@ def amx_shape(inner: int, out: int) -> bool:
     return inner % 64 == 0 and out % 64 == 0 and amx()
 
 
+def padded(out: int) -> int:
+    """Output units rounded up to what vnni_linear takes (a multiple of 64)."""
+    return -(-out // 64) * 64
+
+
 def vnni_linear(
     x: torch.Tensor, packed: torch.Tensor, colsum: torch.Tensor, col_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -816,10 +821,8 @@ def layer8(layer) -> tuple[Layer8, list] | None:
     made = None
     linears, norms = _layer_parts(layer)
     if vnni() and norms and all(type(linear) is Int8Linear for linear in linears):
-        packs = [linear._vnni if linear._vnni else pack_vnni(linear.weight_t) for linear in linears]
+        packs = [linear.native_pack() if linear.out_features % 64 == 0 else None for linear in linears]
         if all(packs):
-            for linear, pack in zip(linears, packs):
-                linear._vnni = pack
             keep: list = [packs, linears, norms]
             parts = [
                 Linear8(

@@ -165,8 +165,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
         self._packed: torch.ScriptObject | bool | None = None  # oneDNN's packed weights, made at the first
         # product (False: this torch cannot)
-        self._vnni: tuple[torch.Tensor, torch.Tensor] | bool | None = None  # native.pack_vnni's, at the first
-        # product of few rows (False: not here)
+        self._vnni: tuple[torch.Tensor, ...] | bool | None = None  # `native_pack`'s, at the first native
+        # product (False: not here)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -179,12 +179,9 @@ class Int8Linear(nn.Module):
         if rows.dtype != torch.float32:
             rows = rows.float()
         native_rows = native.usable(rows) and rows.is_contiguous()
-        fast = native_rows and native.amx_shape(self.in_features, self.out_features)
-        if fast:  # AMX: one call at any number of rows, the same numbers as below (int_mm's)
-            if self._vnni is None:
-                self._vnni = native.pack_vnni(self.weight_t) or False
-            if self._vnni:
-                return native.vnni_linear(rows, *self._vnni, self.scale, self.bias).view(*x.shape[:-1], -1)
+        if native_rows and native.amx_shape(self.in_features, native.padded(self.out_features)):
+            return self._native(rows).view(*x.shape[:-1], -1)  # AMX: one call at any number of rows, the
+            # same numbers as below (int_mm's)
         if self.out_features >= ONEDNN_MIN_OUT and not rows.is_cuda and self._packed is not False:
             if self._packed is None:
                 packed = pack_onednn(self.weight_t, self.scale) if onednn_int8() else None
@@ -192,12 +189,8 @@ class Int8Linear(nn.Module):
             if self._packed is not False:
                 return onednn_linear(rows, self._packed, self.bias).view(*x.shape[:-1], -1)
         if native_rows:  # the same numbers in two passes instead of nine operators
-            if rows.size(0) <= VNNI_MAX_ROWS:
-                if self._vnni is None:
-                    self._vnni = native.pack_vnni(self.weight_t) or False
-                if self._vnni:  # the same numbers again, in one call
-                    y = native.vnni_linear(rows, *self._vnni, self.scale, self.bias)
-                    return y.view(*x.shape[:-1], -1)
+            if rows.size(0) <= VNNI_MAX_ROWS and self.native_pack():  # the same numbers again, in one call
+                return self._native(rows).view(*x.shape[:-1], -1)
             q, scale = native.quantize_rows(rows)
             return native.dequantize(int_mm(q, self.weight_t), scale, self.scale, self.bias).view(*x.shape[:-1], -1)
         scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-12).div_(127)  # (R, 1)
@@ -207,6 +200,20 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             y = y.add_(self.bias)
         return y.view(*x.shape[:-1], -1)
+
+    def native_pack(self) -> tuple[torch.Tensor, ...] | bool:
+        """(packed weight, column sums, scale, bias) for native.vnni_linear, the output units padded with zeros to
+        a multiple of 64 (a shortlist's cut layer); False where the kernel cannot take this layer. Made once."""
+        if self._vnni is None:
+            pad = native.padded(self.out_features) - self.out_features
+            pack = native.pack_vnni(F.pad(self.weight_t, (0, pad)))
+            bias = None if self.bias is None else F.pad(self.bias, (0, pad))
+            self._vnni = False if pack is None else (*pack, F.pad(self.scale, (0, pad), value=1.0), bias)
+        return self._vnni
+
+    def _native(self, rows: torch.Tensor) -> torch.Tensor:
+        y = native.vnni_linear(rows, *self.native_pack())  # (R, O rounded up to 64)
+        return y if y.size(1) == self.out_features else y[:, : self.out_features].contiguous()
 
     def rows(self, index: torch.Tensor) -> Int8Linear:
         """This layer cut to the output units `index` (a vocabulary shortlist)."""
