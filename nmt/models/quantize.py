@@ -13,9 +13,9 @@
           int8 linear does, at any number of rows (the same numbers as torch._int_mm's chain, 2.3x-4.3x faster).
           Elsewhere a layer of at least ONEDNN_MIN_OUT outputs (the output layer over the vocabulary) runs on a
           CPU through oneDNN's int8 product (`onednn_linear`, VNNI kernels with pre-packed weights, 1.7x to 2.6x
-          faster than torch._int_mm there: the same per-row scales on another grid (255 levels), so its results differ from
-          the native kernels'); smaller layers run on the native VNNI kernel up to VNNI_MAX_ROWS rows and on
-          torch._int_mm above (the same numbers both).
+          faster than torch._int_mm there: the same per-row scales on another grid (255 levels), so its results
+          differ from the native kernels'); smaller layers run on the native VNNI kernel up to VNNI_MAX_ROWS rows
+          and on torch._int_mm above (the same numbers both).
 Everything else (embeddings, layer norms, GRU/LSTM cells, the RNN attention scorers, whose weights
 some scores read directly) stays fp32. Training never sees these modules: they replace a trained
 model's layers for decoding only, in place (`to_precision`).
