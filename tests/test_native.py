@@ -214,3 +214,17 @@ def test_a_whole_layer_in_one_call_steps_as_the_layer_does(precision, monkeypatc
     for (a, attn_a), (b, attn_b) in zip(fused, plain):
         torch.testing.assert_close(a, b, rtol=0, atol=tolerance)
         torch.testing.assert_close(attn_a, attn_b, rtol=0, atol=tolerance)
+
+
+@built
+@pytest.mark.parametrize("width", [1, 7, 16, 8000, 8003])
+def test_row_argmax_is_torchs_argmax_first_index_on_ties(width):
+    torch.manual_seed(width)
+    x = torch.randn(6, width)
+    x[1] = 3.0  # all tied: the first
+    if width > 5:
+        x[2, 2] = x[2, width - 1] = 50.0  # a tie between two places
+        x[3, width - 1] = 50.0  # the largest in the tail past the last 16
+    x[4, :] = float("-inf")  # every token forbidden
+    assert torch.equal(native.row_argmax(x), x.argmax(1))
+    assert torch.equal(search.row_argmax(x), x.argmax(1))

@@ -532,6 +532,31 @@ int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *valu
 #endif
 }
 
+/* out (R,) int64: each row's index of its first largest value (torch's argmax for rows without NaN). */
+void row_argmax(const float *x, int64_t rows, int64_t width, int64_t *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * width;
+        float m = -INFINITY;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        __m512 lanes = _mm512_set1_ps(-INFINITY);
+        for (; i + 16 <= width; i += 16) lanes = _mm512_max_ps(lanes, _mm512_loadu_ps(xr + i));
+        m = _mm512_reduce_max_ps(lanes);
+#endif
+        for (; i < width; ++i) m = xr[i] > m ? xr[i] : m;
+        int64_t at = 0;
+#ifdef __AVX512F__
+        __m512 target = _mm512_set1_ps(m);
+        for (; at + 16 <= width; at += 16) {
+            __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(xr + at), target, _CMP_EQ_OQ);
+            if (hit) break;
+        }
+#endif
+        while (at < width && !(xr[at] == m)) ++at;
+        out[r] = at < width ? at : 0;
+    }
+}
+
 /* y (R, O) = ((float)p * row_scale[r]) * col_scale[o] (+ bias[o]), each product rounded to fp32 in that order,
    as torch's mul(p, row_scale).mul_(col_scale).add_(bias). */
 void dequantize(const int32_t *p, int64_t rows, int64_t width, const float *row_scale, const float *col_scale,
@@ -582,6 +607,7 @@ SIGNATURES = {
     "unit_rows_pinned": [_P, _I64, _I64, _P, _P],
     "vnni_linear": [_P, _I64, _I64, _I64, _P, _P, _P, _P, _P],
     "has_amx": [],
+    "row_argmax": [_P, _I64, _I64, _P],
     "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
     "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
     "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P],
@@ -934,3 +960,11 @@ def _layer_head(layer, norms) -> tuple:
         1.0 if attn.prescaled else attn.scale,
         1.0 if cross.prescaled else cross.scale,
     )
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x (R, V) fp32 contiguous -> (R,) int64: x.argmax(1) in one pass per row (rows without NaN)."""
+    rows, width = x.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    library().row_argmax(x.data_ptr(), rows, width, out.data_ptr())
+    return out
