@@ -70,6 +70,17 @@ def log_probs(logits: torch.Tensor, step: int, min_len: int) -> torch.Tensor:
     return logp
 
 
+def candidates(logits: torch.Tensor, step: int, min_len: int, count: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each row's `count` best log_probs(logits, step, min_len) and tokens (best first), found by one C pass per
+    row that writes no (B, V) log-softmax (nmt.models.native); None where that kernel cannot (no kernels, too
+    few tokens): then the caller computes log_probs. The same candidates up to the last bits of the log-sum-exp."""
+    banned = [PAD, BOS] + ([EOS] if step < min_len else [])
+    rows, width = logits.shape
+    if not (native.usable(logits) and logits.is_contiguous() and count <= 64 and width - len(banned) >= count):
+        return None
+    return native.log_softmax_topk(logits, count, banned)
+
+
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(dim=1) for a wide (R, V) x, through a fast max per block (torch's argmax on a CPU reads a
     row several times slower): the block holding a row's first largest value is the first whose maximum
@@ -421,7 +432,11 @@ class _Beams:
         ] = []  # (t, rows_t, tokens, scores, sentences)
 
     def advance(
-        self, logp: torch.Tensor, attn: torch.Tensor, t: int
+        self,
+        logp: torch.Tensor | None,
+        attn: torch.Tensor,
+        t: int,
+        top: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Extend every beam by step t's log-probs (n*width, V) and attention (n*width, S).
 
@@ -434,15 +449,16 @@ class _Beams:
         Returns the state rows to keep (n'*K,), the live sentences' rows of the encoder output when
         some sentences are done (else None), and the next input tokens (n'*K,).
         """
-        (n, width), k, vocab = self.scores.shape, self.k, logp.size(1)
+        (n, width), k = self.scores.shape, self.k
         # The best 2K of a sentence's width*V candidates are among each row's best 2K tokens (a row's
-        # score shifts all its tokens alike), so the full (n*width, V) matrix is read once, by row_topk.
-        cand = min(2 * k, vocab)
-        row_top, row_token = row_topk(logp, cand)  # (n*width, 2K)
+        # score shifts all its tokens alike), so the full (n*width, V) matrix is read once, by row_topk
+        # (or, `top`, each row's best already found from the logits: `candidates`).
+        row_top, row_token = top if top is not None else row_topk(logp, min(2 * k, logp.size(1)))  # (n*width, 2K)
+        cand = row_top.size(1)
         top, index = (
             (self.scores.view(-1, 1) + row_top).view(n, width * cand).topk(min(2 * k, width * cand), dim=1)
         )  # (n, 2K)
-        first_row = torch.arange(n, device=logp.device)[:, None] * width  # (n, 1) each sentence's first row
+        first_row = torch.arange(n, device=row_top.device)[:, None] * width  # (n, 1) each sentence's first row
         rows = index // cand + first_row  # (n, 2K) the row each candidate extends
         token = row_token.view(n, width * cand).gather(1, index)  # (n, 2K)
         eos = token == EOS
@@ -557,11 +573,14 @@ def beam_search(
             logits, attn = pre.logits, pre.attn
         else:
             logits, state, attn = model.step(prev, enc, state)  # (n*width, V), state, (n*width, S)
-        if history is None:
-            logp = log_probs(logits, t + offset, min_len)
+        top = candidates(logits, t + offset, min_len, 2 * k) if history is None else None
+        if top is not None:
+            rows, enc_rows, prev = beams.advance(None, attn, t, top)
         else:
-            logp = scores_of(logits, t + offset, min_len, history, repetition)
-        rows, enc_rows, prev = beams.advance(logp, attn, t)
+            logp = log_probs(logits, t + offset, min_len) if history is None else None
+            if logp is None:
+                logp = scores_of(logits, t + offset, min_len, history, repetition)
+            rows, enc_rows, prev = beams.advance(logp, attn, t)
         if rows.numel() == 0:
             break
         state = reorder(state, rows)

@@ -228,3 +228,23 @@ def test_row_argmax_is_torchs_argmax_first_index_on_ties(width):
     x[4, :] = float("-inf")  # every token forbidden
     assert torch.equal(native.row_argmax(x), x.argmax(1))
     assert torch.equal(search.row_argmax(x), x.argmax(1))
+
+
+@built
+@pytest.mark.parametrize("width", [12, 40, 8000, 8003])
+def test_log_softmax_topk_is_the_best_of_log_softmax_outside_the_banned_tokens(width):
+    torch.manual_seed(width)
+    x = torch.randn(7, width) * 4
+    x[0, 1] = 100.0  # a banned token that would win
+    x[1, width - 1] = 60.0  # the best in the tail past the last 16
+    banned = [0, 1, 2]
+    values, index = native.log_softmax_topk(x, 9, banned)
+    logp = x.log_softmax(-1)
+    logp[:, banned] = float("-inf")
+    want_values, want_index = logp.topk(9, dim=1)
+    assert torch.equal(index, want_index)
+    torch.testing.assert_close(values, want_values, rtol=0, atol=2e-5)
+    x[:, search.PAD] = x[:, search.BOS] = 200.0
+    top = search.candidates(x, step=0, min_len=0, count=9)  # PAD, BOS banned (EOS too before min_len)
+    assert top is not None and not bool(((top[1] == search.PAD) | (top[1] == search.BOS)).any())
+    assert search.candidates(x[:, :10], step=0, min_len=5, count=9) is None  # too few tokens left: torch's path

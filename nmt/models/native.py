@@ -557,6 +557,63 @@ void row_argmax(const float *x, int64_t rows, int64_t width, int64_t *out) {
     }
 }
 
+/* Each row's k best log-probabilities and their tokens, without writing the row's log-softmax: values (R, k) =
+   (x_j - max) - log(sum exp(x - max)) (torch's log_softmax, over every token) for the k largest x_j outside
+   `banned` (tokens no output may hold), best first, ties in token order; index (R, k) int64. Needs at least k
+   tokens outside `banned`. */
+void log_softmax_topk(const float *x, int64_t rows, int64_t width, int64_t k, const int64_t *banned,
+                      int64_t nbanned, float *values, int64_t *index) {
+    float best[64];
+    int64_t at[64];
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * width;
+        float m = -INFINITY;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        __m512 lanes = _mm512_set1_ps(-INFINITY);
+        for (; i + 16 <= width; i += 16) lanes = _mm512_max_ps(lanes, _mm512_loadu_ps(xr + i));
+        m = _mm512_reduce_max_ps(lanes);
+#endif
+        for (; i < width; ++i) m = xr[i] > m ? xr[i] : m;
+        float lane[16] = {0.0f};
+        for (i = 0; i + 16 <= width; i += 16)
+            for (int c = 0; c < 16; ++c) lane[c] += exp_nonpositive(xr[i + c] - m);
+        float total = 0.0f;
+        for (; i < width; ++i) total += exp_nonpositive(xr[i] - m);
+        for (int c = 0; c < 16; ++c) total += lane[c];
+        float lse = logf(total);
+        for (int64_t j = 0; j < k; ++j) { best[j] = -INFINITY; at[j] = -1; }
+        for (i = 0; i < width; ++i) {
+#ifdef __AVX512F__
+            if (at[k - 1] >= 0 && i % 16 == 0 && i + 16 <= width) {  /* skip 16 tokens none of which enters */
+                __mmask16 over = _mm512_cmp_ps_mask(_mm512_loadu_ps(xr + i), _mm512_set1_ps(best[k - 1]), _CMP_GT_OQ);
+                if (!over) {
+                    i += 15;
+                    continue;
+                }
+            }
+#endif
+            float v = xr[i];
+            if (!(v > best[k - 1]) && at[k - 1] >= 0) continue;
+            int skip = 0;
+            for (int64_t b = 0; b < nbanned; ++b) skip |= banned[b] == i;
+            if (skip) continue;
+            int64_t j = k - 1;
+            while (j > 0 && (v > best[j - 1] || at[j - 1] < 0)) {
+                best[j] = best[j - 1];
+                at[j] = at[j - 1];
+                --j;
+            }
+            best[j] = v;
+            at[j] = i;
+        }
+        for (int64_t j = 0; j < k; ++j) {
+            values[r * k + j] = (best[j] - m) - lse;
+            index[r * k + j] = at[j];
+        }
+    }
+}
+
 /* y (R, O) = ((float)p * row_scale[r]) * col_scale[o] (+ bias[o]), each product rounded to fp32 in that order,
    as torch's mul(p, row_scale).mul_(col_scale).add_(bias). */
 void dequantize(const int32_t *p, int64_t rows, int64_t width, const float *row_scale, const float *col_scale,
@@ -607,6 +664,7 @@ SIGNATURES = {
     "unit_rows_pinned": [_P, _I64, _I64, _P, _P],
     "vnni_linear": [_P, _I64, _I64, _I64, _P, _P, _P, _P, _P],
     "has_amx": [],
+    "log_softmax_topk": [_P, _I64, _I64, _I64, _P, _I64, _P, _P],
     "row_argmax": [_P, _I64, _I64, _P],
     "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
     "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
@@ -968,3 +1026,17 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, dtype=torch.int64)
     library().row_argmax(x.data_ptr(), rows, width, out.data_ptr())
     return out
+
+
+def log_softmax_topk(x: torch.Tensor, k: int, banned: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, V) fp32 contiguous logits -> the k best log-probabilities (R, k) outside `banned` and their tokens
+    (R, k): log_softmax(x).topk(k) with `banned` at -inf, without the (R, V) log-softmax (k <= 64, and at
+    least k tokens outside `banned`)."""
+    rows, width = x.shape
+    values = torch.empty((rows, k), dtype=torch.float32)
+    index = torch.empty((rows, k), dtype=torch.int64)
+    ban = torch.tensor(banned, dtype=torch.int64)
+    library().log_softmax_topk(
+        x.data_ptr(), rows, width, k, ban.data_ptr(), ban.numel(), values.data_ptr(), index.data_ptr()
+    )
+    return values, index
