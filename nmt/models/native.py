@@ -532,18 +532,24 @@ int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *valu
 #endif
 }
 
+/* max x_i over a row (-inf for none; rows without NaN). */
+static float row_max(const float *x, int64_t width) {
+    float m = -INFINITY;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    __m512 lanes = _mm512_set1_ps(-INFINITY);
+    for (; i + 16 <= width; i += 16) lanes = _mm512_max_ps(lanes, _mm512_loadu_ps(x + i));
+    m = _mm512_reduce_max_ps(lanes);
+#endif
+    for (; i < width; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 /* out (R,) int64: each row's index of its first largest value (torch's argmax for rows without NaN). */
 void row_argmax(const float *x, int64_t rows, int64_t width, int64_t *out) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * width;
-        float m = -INFINITY;
-        int64_t i = 0;
-#ifdef __AVX512F__
-        __m512 lanes = _mm512_set1_ps(-INFINITY);
-        for (; i + 16 <= width; i += 16) lanes = _mm512_max_ps(lanes, _mm512_loadu_ps(xr + i));
-        m = _mm512_reduce_max_ps(lanes);
-#endif
-        for (; i < width; ++i) m = xr[i] > m ? xr[i] : m;
+        float m = row_max(xr, width);
         int64_t at = 0;
 #ifdef __AVX512F__
         __m512 target = _mm512_set1_ps(m);
@@ -567,14 +573,8 @@ void log_softmax_topk(const float *x, int64_t rows, int64_t width, int64_t k, co
     int64_t at[64];
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * width;
-        float m = -INFINITY;
+        float m = row_max(xr, width);
         int64_t i = 0;
-#ifdef __AVX512F__
-        __m512 lanes = _mm512_set1_ps(-INFINITY);
-        for (; i + 16 <= width; i += 16) lanes = _mm512_max_ps(lanes, _mm512_loadu_ps(xr + i));
-        m = _mm512_reduce_max_ps(lanes);
-#endif
-        for (; i < width; ++i) m = xr[i] > m ? xr[i] : m;
         float lane[16] = {0.0f};
         for (i = 0; i + 16 <= width; i += 16)
             for (int c = 0; c < 16; ++c) lane[c] += exp_nonpositive(xr[i + c] - m);
