@@ -64,17 +64,20 @@ def log_probs(logits: torch.Tensor, step: int, min_len: int) -> torch.Tensor:
     EOS is impossible while fewer than min_len tokens are out. Every search reads its scores from here.
     """
     logp = logits.float().log_softmax(-1)
-    logp[:, PAD] = logp[:, BOS] = float("-inf")
-    if step < min_len:
-        logp[:, EOS] = float("-inf")
+    logp[:, forbidden(step, min_len)] = float("-inf")
     return logp
+
+
+def forbidden(step: int, min_len: int) -> list[int]:
+    """The tokens no output may hold at `step` (see `log_probs`)."""
+    return [PAD, BOS, EOS] if step < min_len else [PAD, BOS]
 
 
 def candidates(logits: torch.Tensor, step: int, min_len: int, count: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's `count` best log_probs(logits, step, min_len) and tokens (best first), found by one C pass per
     row that writes no (B, V) log-softmax (nmt.models.native); None where that kernel cannot (no kernels, too
     few tokens): then the caller computes log_probs. The same candidates up to the last bits of the log-sum-exp."""
-    banned = [PAD, BOS] + ([EOS] if step < min_len else [])
+    banned = forbidden(step, min_len)
     rows, width = logits.shape
     if not (native.usable(logits) and logits.is_contiguous() and count <= 64 and width - len(banned) >= count):
         return None
@@ -106,9 +109,7 @@ def greedy_choice(
     greater part of this function's time (the token is the same: normalising shifts a row, never reorders it)."""
     logits = logits.float()
     lse = logits.logsumexp(-1) if scores else None  # (B,) over every token, as log_softmax normalises
-    logits[:, PAD] = logits[:, BOS] = float("-inf")
-    if step < min_len:
-        logits[:, EOS] = float("-inf")
+    logits[:, forbidden(step, min_len)] = float("-inf")
     tokens = row_argmax(logits)
     return tokens, None if lse is None else logits.gather(1, tokens[:, None]).squeeze(1) - lse
 
@@ -253,7 +254,9 @@ def _one_path(
     # other rows (bit for bit in int8; fp32 products of other row counts can differ in the last bits), so when they
     # leave changes no output; copying every cache each time a row ended cost 7-13% of a greedy search of
     # 64-sentence batches (tests/test_native.py).
-    sink = batch
+    # Sampling leaves at once: a row kept after its end would still draw from the random stream, and change the
+    # draws of the rows after it.
+    sink, share = batch, compact_share if choose is None else 0.0
     active = torch.arange(batch, device=src.device)  # original row of each row (sink: ended)
     prev = torch.full((batch,), BOS, dtype=torch.long, device=src.device)
     out = torch.full((batch + 1, steps), EOS, dtype=torch.long, device=src.device)  # (B + 1, T)
@@ -289,7 +292,7 @@ def _one_path(
             ended = int((~live).sum())
             if ended == live.numel():
                 break
-            if ended >= max(1, int(live.numel() * compact_share)):
+            if ended >= max(1, int(live.numel() * share)):
                 keep = live.nonzero().squeeze(1)
                 active, prev = active[keep], prev[keep]
                 enc, state = reorder(enc, keep), reorder(state, keep)
