@@ -9,19 +9,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.errors import NmtError
-from nmt.models import onednn
-from nmt.models.onednn import OnednnLinear, onednn_fp32
+from nmt.models import native, onednn
+from nmt.models.onednn import NativeLinear, OnednnLinear, onednn_fp32
 
-needs_onednn = pytest.mark.skipif(not onednn_fp32(), reason="this torch has no oneDNN fp32 linear")
+KINDS = [
+    pytest.param(OnednnLinear, marks=pytest.mark.skipif(not onednn_fp32(), reason="no oneDNN fp32 linear")),
+    pytest.param(NativeLinear, marks=pytest.mark.skipif(not native.fp32(), reason="no AVX-512 kernels here")),
+]
 
 
-@needs_onednn
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("inner, out", [(32, 48), (256, 768), (1024, 256), (256, 1001)])
-def test_onednn_product_equals_linear_and_rows_are_independent(inner, out, bias):
+def test_fp32_product_equals_linear_and_rows_are_independent(kind, inner, out, bias):
     torch.manual_seed(0)
     linear = nn.Linear(inner, out, bias=bias)
-    layer = OnednnLinear(linear)
+    layer = kind(linear)
     with torch.inference_mode():
         x = torch.randn(300, 1, inner)
         full = layer(x)
@@ -38,11 +41,11 @@ def test_onednn_product_equals_linear_and_rows_are_independent(inner, out, bias)
         assert torch.equal(cut(x[:9]), full[:9, :, index])
 
 
-@needs_onednn
-def test_onednn_weight_follows_changes_and_copies_and_gradients():
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp32_weight_follows_changes_and_copies_and_gradients(kind):
     torch.manual_seed(0)
     linear = nn.Linear(16, 24)
-    layer = OnednnLinear(linear)
+    layer = kind(linear)
     x = torch.randn(8, 16)
     with torch.no_grad():
         layer(x)
@@ -70,17 +73,39 @@ def test_backend_is_named_by_the_environment(monkeypatch):
     try:
         assert backend("torch") == "torch"
         assert backend("onednn") == ("onednn" if onednn_fp32() else "torch")
-        with pytest.raises(NmtError, match="NMT_FP32_GEMM=fast: expected one of auto, mkl, onednn, torch"):
+        assert backend("native") == ("native" if native.fp32() else "torch")
+        with pytest.raises(NmtError, match="NMT_FP32_GEMM=fast: expected one of auto, mkl, native, onednn, torch"):
             backend("fast")
-        for name, kind in (("onednn", OnednnLinear), ("mkl", PackedLinear), ("torch", nn.Linear)):
+        for name, kind in (
+            ("onednn", OnednnLinear),
+            ("native", NativeLinear),
+            ("mkl", PackedLinear),
+            ("torch", nn.Linear),
+        ):
             found = backend(name)
             model = build_model(ModelConfig(arch="transformer", dim=32, layers=1, heads=4, ffn_dim=64), 40, 40, True)
             to_precision(model, "fp32")
             decoder = {type(m) for m in model.decoder.modules() if isinstance(m, nn.Linear)}
             encoder = {type(m) for m in model.encoder.modules() if isinstance(m, nn.Linear)}
             if found == name:
-                assert decoder == {kind} and encoder == ({kind} if name == "onednn" else {nn.Linear})
+                assert decoder == {kind} and encoder == ({kind} if name in ("onednn", "native") else {nn.Linear})
             assert model.decoder.output.weight is model.decoder.embed.tokens.weight  # still tied
     finally:
         monkeypatch.delenv("NMT_FP32_GEMM")
         onednn.fp32_backend.cache_clear()
+
+
+@pytest.mark.skipif(not native.fp32(), reason="no AVX-512 kernels here")
+def test_native_product_is_the_same_at_any_number_of_threads():
+    torch.manual_seed(0)
+    layer = NativeLinear(nn.Linear(256, 1024))
+    x = torch.randn(200, 256)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            torch.set_num_threads(1)
+            one = layer(x)
+            torch.set_num_threads(2)
+            assert torch.equal(layer(x), one)  # each output as one thread computes it
+    finally:
+        torch.set_num_threads(threads)

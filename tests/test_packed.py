@@ -62,9 +62,9 @@ def test_decoding_models_run_their_decoder_on_packed_products():
     model = build_model(ModelConfig(arch="transformer", dim=32, layers=1, heads=4, ffn_dim=64), 40, 40, joint=True)
     to_precision(model, "fp32")
     linears = [m for m in model.decoder.modules() if isinstance(m, nn.Linear)]
-    from nmt.models.onednn import OnednnLinear, fp32_backend
+    from nmt.models.onednn import NativeLinear, OnednnLinear, fp32_backend
 
-    kind = {"mkl": PackedLinear, "onednn": OnednnLinear, "torch": nn.Linear}[fp32_backend()]
+    kind = {"mkl": PackedLinear, "onednn": OnednnLinear, "native": NativeLinear, "torch": nn.Linear}[fp32_backend()]
     assert all(type(m) is kind for m in linears)
     assert model.decoder.output.weight is model.decoder.embed.tokens.weight  # still tied
     keys = set(model.decoder.state_dict())

@@ -39,6 +39,7 @@ import weakref
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 SOURCE = r"""
 #include <math.h>
@@ -391,6 +392,75 @@ int vnni_linear(const float *x, int64_t rows, int64_t in, int64_t out, const int
 #endif
 }
 
+#ifdef __AVX512F__
+/* One block of f32linear: `mr` rows (r0 on) by 64 outputs (block ob on); mr a constant where it is inlined. */
+static inline __attribute__((always_inline)) void f32block(int mr, const float *x, int64_t r0, int64_t in,
+                                                           int64_t out, const float *w0, int64_t ob, const __m512 *bs,
+                                                           float *y, int relu, const float *residual) {
+    enum { NR = 4 };
+    __m512 acc[6][NR];
+    for (int r = 0; r < mr; ++r)
+        for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
+    const float *xr = x + r0 * in;
+    for (int64_t k = 0; k < in; ++k) {
+        __m512 w[NR];
+        for (int j = 0; j < NR; ++j) w[j] = _mm512_loadu_ps(w0 + (j * in + k) * 16);
+        for (int r = 0; r < mr; ++r) {
+            __m512 a = _mm512_set1_ps(xr[r * in + k]);
+            for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_fmadd_ps(a, w[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < mr; ++r)
+        for (int j = 0; j < NR; ++j) {
+            int64_t o = (ob + j) * 16, at = (r0 + r) * out + o;
+            __m512 v = _mm512_add_ps(acc[r][j], bs[j]);
+            if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+            if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + at), v);
+            _mm512_storeu_ps(y + at, v);
+        }
+}
+
+/* fp32 y (R, O) = x (R, I) W^T + bias (relu: max(., 0); residual (may be y itself): y = residual + that) with
+   AVX-512: packed (O / 16, I, 16) holds W^T in panels of 16 output units (`pack_f32`). Blocks of up to 6 rows by
+   64 outputs (24 accumulators), each output's sum over i in order, one fused multiply-add per term: a row's
+   result does not depend on the other rows. Needs O % 64 == 0. */
+static void f32linear(const float *x, int64_t rows, int64_t in, int64_t out, const float *packed,
+                      const float *bias, float *y, int relu, const float *residual) {
+    /* the output blocks shared among torch's OpenMP threads (the library is linked to torch's own runtime) where
+       the product is large enough to pay for it: every output is computed as by one thread, so the result is the
+       same at any number of threads */
+#pragma omp parallel for schedule(static) if (rows * in * out >= (1 << 20))
+    for (int64_t ob = 0; ob < out / 16; ob += 4) {
+        const float *w0 = packed + ob * in * 16;
+        __m512 bs[4];
+        for (int j = 0; j < 4; ++j) bs[j] = bias ? _mm512_loadu_ps(bias + (ob + j) * 16) : _mm512_setzero_ps();
+        for (int64_t r0 = 0; r0 < rows; r0 += 6) {
+            switch (rows - r0 < 6 ? rows - r0 : 6) {
+                case 1: f32block(1, x, r0, in, out, w0, ob, bs, y, relu, residual); break;
+                case 2: f32block(2, x, r0, in, out, w0, ob, bs, y, relu, residual); break;
+                case 3: f32block(3, x, r0, in, out, w0, ob, bs, y, relu, residual); break;
+                case 4: f32block(4, x, r0, in, out, w0, ob, bs, y, relu, residual); break;
+                case 5: f32block(5, x, r0, in, out, w0, ob, bs, y, relu, residual); break;
+                default: f32block(6, x, r0, in, out, w0, ob, bs, y, relu, residual);
+            }
+        }
+    }
+}
+#endif
+
+/* f32linear (no relu, no residual); returns 0 (doing nothing) where this build has no AVX-512 or O % 64. */
+int fp32_linear(const float *x, int64_t rows, int64_t in, int64_t out, const float *packed, const float *bias,
+                float *y) {
+#ifdef __AVX512F__
+    if (out % 64) return 0;
+    f32linear(x, rows, in, out, packed, bias, y, 0, 0);
+    return 1;
+#else
+    (void)x; (void)rows; (void)in; (void)out; (void)packed; (void)bias; (void)y;
+    return 0;
+#endif
+}
+
 /* One int8 linear of a fused layer (`pack_vnni`'s weights, Int8Linear's scales and bias). */
 typedef struct {
     const int8_t *packed;
@@ -435,7 +505,7 @@ static void layer_norm(const float *x, int64_t rows, int64_t dim, const float *w
 typedef void (*SgemmCompute)(int, int, int, int64_t, int64_t, int64_t, const float *, int64_t, const void *,
                              int64_t, float, float *, int64_t);
 
-/* One fp32 linear of a fused layer: MKL's packed weight (nmt.models.packed) and the bias. */
+/* One fp32 linear of a fused layer: MKL's packed weight (nmt.models.packed) or pack_f32's, and the bias. */
 typedef struct {
     const void *packed;
     const float *bias;
@@ -453,11 +523,18 @@ typedef struct {
 typedef void (*LayerLinear)(const void *layer, int which, const float *x, int64_t rows, float *y, int relu,
                             int residual, float *tmp);
 
-/* fp32: MKL's packed product, the bias as C and beta 1 (as PackedLinear). */
+/* fp32: f32linear where the layer has no MKL function (compute NULL), else MKL's packed product, the bias as C
+   and beta 1 (as PackedLinear). */
 static void linear32(const void *layer, int which, const float *x, int64_t rows, float *y, int relu, int residual,
                      float *tmp) {
     const Layer32 *L = (const Layer32 *)layer;
     const Linear32 *l = &L->linear[which];
+#ifdef __AVX512F__
+    if (!L->compute) {  /* no MKL: the weights are pack_f32's */
+        f32linear(x, rows, l->in, l->out, (const float *)l->packed, l->bias, y, relu, residual ? y : 0);
+        return;
+    }
+#endif
     float *c = residual ? tmp : y;
     for (int64_t r = 0; r < rows; ++r) __builtin_memcpy(c + r * l->out, l->bias, l->out * sizeof(float));
     L->compute(101, 111, 151, rows, l->out, l->in, x, l->in, l->packed, l->in, 1.0f, c, l->out);
@@ -656,6 +733,8 @@ void unit_rows_pinned(const float *x, int64_t rows, int64_t width, float *out, f
 """
 
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
+OPENMP = ["-fopenmp"]  # tried first: fp32 products on torch's threads (its libgomp.so.1, already loaded, is the
+# one the library's libgomp.so.1 resolves to); without: single-threaded
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
 SIGNATURES = {
@@ -663,6 +742,7 @@ SIGNATURES = {
     "dequantize": [_P, _I64, _I64, _P, _P, _P, _P],
     "unit_rows_pinned": [_P, _I64, _I64, _P, _P],
     "vnni_linear": [_P, _I64, _I64, _I64, _P, _P, _P, _P, _P],
+    "fp32_linear": [_P, _I64, _I64, _I64, _P, _P, _P],
     "has_amx": [],
     "log_softmax_topk": [_P, _I64, _I64, _I64, _P, _I64, _P, _P],
     "row_argmax": [_P, _I64, _I64, _P],
@@ -699,7 +779,7 @@ def build(folder: Path | None = None) -> Path | None:
     compiler = _compiler()
     if compiler is None:
         return None
-    key = hashlib.sha256("\n".join([SOURCE, compiler, " ".join(FLAGS), _cpu_key()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join([SOURCE, compiler, " ".join(FLAGS + OPENMP), _cpu_key()]).encode()).hexdigest()[:16]
     folder = folder or cache_dir()
     path = folder / f"kernels-{key}.so"
     if path.exists():
@@ -710,9 +790,14 @@ def build(folder: Path | None = None) -> Path | None:
             src = Path(tmp) / "kernels.c"
             src.write_text(SOURCE)
             out = Path(tmp) / "kernels.so"
-            subprocess.run(
-                [compiler, *FLAGS, str(src), "-o", str(out), "-lm"], check=True, capture_output=True, timeout=120
-            )
+            for flags in (FLAGS + OPENMP, FLAGS):
+                done = subprocess.run(
+                    [compiler, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, timeout=120
+                )
+                if done.returncode == 0:
+                    break
+            else:
+                return None
             os.replace(out, path)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -733,7 +818,9 @@ def library() -> ctypes.CDLL | None:
         return None
     for name, args in SIGNATURES.items():
         getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = ctypes.c_int if name in ("vnni_linear", "layer_step", "has_amx") else None
+        getattr(lib, name).restype = (
+            ctypes.c_int if name in ("vnni_linear", "fp32_linear", "layer_step", "has_amx") else None
+        )
     return lib
 
 
@@ -852,6 +939,37 @@ def amx_shape(inner: int, out: int) -> bool:
     return inner % 64 == 0 and out % 64 == 0 and amx()
 
 
+@functools.cache
+def fp32() -> bool:
+    """Whether the kernels were built with AVX-512 (fp32_linear and the fused fp32 layer on `pack_f32`'s weights)."""
+    lib = library()
+    if lib is None:
+        return False
+    x, packed, y = torch.ones(1, 1), torch.ones(4, 1, 16), torch.empty(1, 64)
+    return bool(lib.fp32_linear(x.data_ptr(), 1, 1, 64, packed.data_ptr(), None, y.data_ptr())) and bool((y == 1).all())
+
+
+def pack_f32(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fp32 weights (O, I) in fp32_linear's layout (O' / 16, I, 16), the output units padded with zeros to O' a
+    multiple of 64, and the bias (O,) padded alike (None for none)."""
+    out, inner = weight.shape
+    pad = padded(out) - out
+    w = F.pad(weight.detach().float(), (0, 0, 0, pad))  # (O', I)
+    packed = w.t().reshape(inner, -1, 16).permute(1, 0, 2).contiguous()
+    return packed, None if bias is None else F.pad(bias.detach().float(), (0, pad)).contiguous()
+
+
+def fp32_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
+    """x (R, I) fp32 contiguous -> (R, out) = x W^T + b on `pack_f32`'s weights, in one call."""
+    rows, inner = x.shape
+    width = packed.size(0) * 16
+    y = torch.empty((rows, width), dtype=torch.float32)
+    library().fp32_linear(
+        x.data_ptr(), rows, inner, width, packed.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr()
+    )
+    return y if width == out else y[:, :out].contiguous()
+
+
 def padded(out: int) -> int:
     """Output units rounded up to what vnni_linear takes (a multiple of 64)."""
     return -(-out // 64) * 64
@@ -968,16 +1086,33 @@ class Layer32(ctypes.Structure):
 
 
 def layer32(layer) -> tuple[Layer32, list] | None:
-    """A decoding copy's fp32 DecoderLayer whose linears are all PackedLinear (MKL's packed product, Intel) as
-    `layer_step32` takes it, or None."""
+    """A decoding copy's fp32 DecoderLayer as `layer_step32` takes it, or None: linears all PackedLinear (MKL's
+    packed product, Intel) or all NativeLinear (fp32_linear's kernel) with biases and output units a multiple
+    of 64."""
     if layer in _LAYERS32:
         return _LAYERS32[layer]
+    from nmt.models.onednn import NativeLinear
     from nmt.models.packed import PackedLinear, mkl_packed
 
     made = None
     linears, norms = _layer_parts(layer)
     mkl = mkl_packed()
     if (
+        norms
+        and fp32()
+        and all(
+            type(linear) is NativeLinear and linear.bias is not None and linear.out_features % 64 == 0
+            for linear in linears
+        )
+    ):
+        packs = [linear.arranged() for linear in linears]
+        parts = [
+            Linear32(packed.data_ptr(), bias.data_ptr(), linear.in_features, linear.out_features)
+            for linear, (packed, bias) in zip(linears, packs)
+        ]
+        struct = Layer32(*_layer_head(layer, norms), None, *parts)
+        made = (struct, [packs, linears, norms])
+    elif (
         mkl is not None
         and norms
         and all(type(linear) is PackedLinear and linear.bias is not None for linear in linears)

@@ -10,7 +10,11 @@ On an Intel Xeon MKL's packed product (nmt.models.packed) is as fast, so that st
 A row's result does not depend on the other rows of its product (checked for 1 to 400 rows: a sentence gets the
 same numbers alone as in any batch), but differs from MKL's in the last bits (another order of summation), so
 decoding copies change in the last bits and, rarely, in an output where two tokens tie that closely.
-NMT_FP32_GEMM=mkl|onednn|torch forces a backend (torch: plain F.linear everywhere).
+On other AVX-512 CPUs nmt's own kernel (NativeLinear, nmt.models.native.fp32_linear) is faster still where it
+counts: measured 2026-12-04 on one core of an AMD EPYC (Zen 4), 1.1x-1.7x oneDNN's product from 1 to 64 rows of
+the decoder's shapes and as fast above, with no per-shape set-up (oneDNN makes and keeps a kernel for every
+number of rows it meets: a fresh process pays for each new one) and the decoder's fused layer in one call.
+NMT_FP32_GEMM=mkl|native|onednn|torch forces a backend (torch: plain F.linear everywhere).
 
 Shape legend: R rows (leading dims flattened), I input features, O output features.
 """
@@ -22,13 +26,13 @@ import os
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from nmt.errors import NmtError
+from nmt.models import native
 from nmt.models.packed import CopiedWeightLinear, mkl_packed
 from nmt.runtime import cpu_info
 
-BACKENDS = ("auto", "mkl", "onednn", "torch")
+BACKENDS = ("auto", "mkl", "native", "onednn", "torch")
 
 
 @functools.cache
@@ -47,13 +51,19 @@ def onednn_fp32() -> bool:
 @functools.cache
 def fp32_backend() -> str:
     """The product a decoding copy's fp32 linears run on a CPU: "mkl" (MKL's packed product, the decoder's layers;
-    on Intel CPUs), "onednn" (every linear; elsewhere) or "torch" (F.linear), from NMT_FP32_GEMM (default auto).
-    The packed product's own switch, NMT_PACKED_GEMM=0, still turns "mkl" into "torch"."""
+    on Intel CPUs), "native" (nmt's AVX-512 kernel, every linear: NativeLinear; other AVX-512 CPUs), "onednn"
+    (every linear; other CPUs) or "torch" (F.linear), from NMT_FP32_GEMM (default auto). The packed product's own
+    switch, NMT_PACKED_GEMM=0, still turns "mkl" into "torch"."""
     asked = os.environ.get("NMT_FP32_GEMM", "auto").strip().lower() or "auto"
     if asked not in BACKENDS:
         raise NmtError(f"NMT_FP32_GEMM={asked}: expected one of {', '.join(BACKENDS)}")
     if asked == "auto":
-        asked = "mkl" if cpu_info("vendor_id") == "GenuineIntel" or not onednn_fp32() else "onednn"
+        if cpu_info("vendor_id") == "GenuineIntel":
+            asked = "mkl"
+        else:
+            asked = "native" if native.fp32() else "onednn" if onednn_fp32() else "mkl"
+    if asked == "native":
+        return "native" if native.fp32() else "torch"
     if asked == "mkl":
         return "mkl" if mkl_packed() is not None else "torch"
     if asked == "onednn":
@@ -76,12 +86,7 @@ class OnednnLinear(CopiedWeightLinear):
         return self._copy(lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            x.device.type != "cpu"
-            or x.dtype != torch.float32
-            or self.weight.dtype != torch.float32
-            or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
-        ):
+        if not self.arrangeable(x):
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.size(-1))  # (R, I)
         count = rows.size(0)
@@ -91,12 +96,21 @@ class OnednnLinear(CopiedWeightLinear):
         out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self._arranged(), bias, "none", [], "")
         return out[:count].view(*x.shape[:-1], -1)  # (R, O): the padding rows change no other row
 
-    def rows(self, index: torch.Tensor) -> OnednnLinear:
-        """This layer cut to the output units `index` (a vocabulary shortlist), arranged at its first product."""
-        cut = OnednnLinear.__new__(OnednnLinear)
-        nn.Module.__init__(cut)
-        cut.in_features, cut.out_features = self.in_features, index.numel()
-        cut.weight = self.weight.detach().index_select(0, index)  # plain tensors: no gradients, not trained
-        cut.bias = None if self.bias is None else self.bias.detach().index_select(0, index)
-        cut._packed = None
-        return cut
+
+class NativeLinear(CopiedWeightLinear):
+    """An nn.Linear (the same parameters, shared) whose CPU fp32 products without gradients run on nmt's own
+    AVX-512 kernel (nmt.models.native.fp32_linear) with its weight arranged once: no per-shape set-up (oneDNN
+    makes a kernel for every number of rows it meets, which a fresh process pays for at each new one), no
+    operator overhead, and the fused decoder layer (native.layer_step32) on CPUs without MKL's packed product.
+    Large products share torch's threads, each output computed as by one thread: the same numbers at any
+    number of threads, and a row's numbers do not depend on the rows beside it."""
+
+    def arranged(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(packed weight, padded bias): native.pack_f32's, made once per weight."""
+        return self._copy(lambda weight: native.pack_f32(weight, self.bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.arrangeable(x):
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, x.size(-1)).contiguous()  # (R, I)
+        return native.fp32_linear(rows, *self.arranged(), self.out_features).view(*x.shape[:-1], -1)

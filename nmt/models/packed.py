@@ -75,6 +75,25 @@ class CopiedWeightLinear(nn.Linear):
         state["_packed"] = None
         return state
 
+    def arrangeable(self, x: torch.Tensor) -> bool:
+        """Whether a product with x may use the copy: fp32 on the CPU, no gradients wanted."""
+        return (
+            x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and self.weight.dtype == torch.float32
+            and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        )
+
+    def rows(self, index: torch.Tensor) -> CopiedWeightLinear:
+        """This layer cut to the output units `index` (a vocabulary shortlist), its copy made at its first product."""
+        cut = type(self).__new__(type(self))
+        nn.Module.__init__(cut)
+        cut.in_features, cut.out_features = self.in_features, index.numel()
+        cut.weight = self.weight.detach().index_select(0, index)  # plain tensors: no gradients, not trained
+        cut.bias = None if self.bias is None else self.bias.detach().index_select(0, index)
+        cut._packed = None
+        return cut
+
     def _copy(self, make) -> torch.Tensor:
         """The weight's copy, make(weight) when there is none for the weight as it is now."""
         weight = self.weight

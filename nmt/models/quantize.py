@@ -33,7 +33,7 @@ from torch import nn
 
 from nmt.models import native
 from nmt.models.attention import Attention
-from nmt.models.onednn import OnednnLinear, bucket, fp32_backend
+from nmt.models.onednn import NativeLinear, OnednnLinear, bucket, fp32_backend
 from nmt.models.packed import PackedLinear
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -245,8 +245,8 @@ def to_precision(model: nn.Module, precision: str) -> nn.Module:
             layer.fuse_projections()
     if precision != "fp32":
         _replace_linears(model, LINEARS[precision])
-    elif fp32_backend() == "onednn":
-        _replace_linears(model, OnednnLinear)
+    elif fp32_backend() in ("onednn", "native"):
+        _replace_linears(model, OnednnLinear if fp32_backend() == "onednn" else NativeLinear)
     elif isinstance(getattr(model, "decoder", None), nn.Module) and fp32_backend() == "mkl":
         _replace_linears(model.decoder, PackedLinear)
     return model.eval()
