@@ -326,6 +326,8 @@ static void qlinear(const float *x, int64_t rows, int64_t in, int64_t out, const
     float rs_small[16];
     float *rs = blocks * 4 <= 16 ? rs_small : (float *)malloc(blocks * 4 * sizeof(float));
     quantize_padded(x, rows, blocks * 4, in, qu, rs, 128);
+    /* the output blocks shared among torch's threads where the product is large enough (as f32linear) */
+#pragma omp parallel for schedule(static) if (rows * in * out >= (1 << 20))
     for (int64_t ob = 0; ob < out / 16; ob += 4) {
         const int8_t *w0 = packed + ob * groups * 64;
         __m512i comp[4];
