@@ -161,6 +161,8 @@ def pinned_row(rows: torch.Tensor) -> torch.Tensor:
 class Int8Linear(nn.Module):
     """A Linear with int8 weights (a scale per output unit) and int8 inputs (a scale per row, at run time)."""
 
+    _cut = False  # a shortlist's cut of an output layer (`rows`)
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -188,7 +190,7 @@ class Int8Linear(nn.Module):
         if native_rows and native.amx_shape(self.in_features, native.padded(self.out_features)):
             return self._native(rows).view(*x.shape[:-1], -1)  # AMX: one call at any number of rows, the
             # same numbers as below (int_mm's)
-        if native_rows and self.out_features >= ONEDNN_MIN_OUT and self.native_pack():
+        if native_rows and (self.out_features >= ONEDNN_MIN_OUT or self._cut) and self.native_pack():
             return self._native(rows).view(*x.shape[:-1], -1)  # VNNI: as fast as oneDNN from 64 rows, faster
             # below, with no per-shape set-up (oneDNN makes a kernel for each number of rows, ~1 ms each)
         if self.out_features >= ONEDNN_MIN_OUT and not rows.is_cuda and self._packed is not False:
@@ -233,6 +235,7 @@ class Int8Linear(nn.Module):
         cut.register_buffer("scale", self.scale.index_select(0, index))
         cut.register_buffer("bias", None if self.bias is None else self.bias.index_select(0, index))
         cut._packed = cut._vnni = None
+        cut._cut = True  # an output layer: on the native kernel at any number of rows, as the whole one
         return cut
 
 
