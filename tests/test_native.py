@@ -49,17 +49,23 @@ def test_quantize_and_dequantize_equal_the_torch_operators_bit_for_bit(width):
 
 @built
 @pytest.mark.skipif(not native.vnni(), reason="this CPU has no AVX-512 VNNI")
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 24])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 6, 7, 11, 24, 101])  # blocks of 6 rows, then of 4
 def test_vnni_linear_equals_quantize_int_mm_and_scaling_bit_for_bit(rows):
     torch.manual_seed(rows)
-    for inner, out in [(256, 768), (1024, 256), (4, 64)]:
-        weight_t = torch.randint(-127, 128, (inner, out), dtype=torch.int8)
-        col, bias = torch.rand(out) / 100, torch.randn(out)
-        x = rows_of(rows, inner, seed=rows)
-        q, scale = torch_quantize(x.clone())
-        want = torch.mul(torch._int_mm(q, weight_t), scale).mul_(col).add_(bias)
-        got = native.vnni_linear(x, *native.pack_vnni(weight_t), col, bias)
-        assert torch.equal(got, want), (inner, out)
+    threads = torch.get_num_threads()
+    try:
+        for inner, out in [(256, 768), (1024, 256), (4, 64), (256, 4096)]:
+            weight_t = torch.randint(-127, 128, (inner, out), dtype=torch.int8)
+            col, bias = torch.rand(out) / 100, torch.randn(out)
+            x = rows_of(rows, inner, seed=rows)
+            q, scale = torch_quantize(x.clone())
+            want = torch.mul(torch._int_mm(q, weight_t), scale).mul_(col).add_(bias)
+            for count in (1, 2):  # large products share the threads: the same numbers
+                torch.set_num_threads(count)
+                got = native.vnni_linear(x, *native.pack_vnni(weight_t), col, bias)
+                assert torch.equal(got, want), (inner, out, count)
+    finally:
+        torch.set_num_threads(threads)
     assert native.pack_vnni(torch.zeros(6, 64, dtype=torch.int8)) is None  # inner not a multiple of 4
     assert native.pack_vnni(torch.zeros(8, 48, dtype=torch.int8)) is None  # outputs not a multiple of 64
 

@@ -308,6 +308,44 @@ static void amx_qlinear(const float *x, int64_t rows, int64_t in, int64_t out, c
 #endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
+/* The int32 sums of 6 quantized rows (q0 on, `in` bytes apart) by 64 output units (weights at w0, qlinear's
+   packing) into tile (6, 64): 24 accumulators, each a named variable (an array of them the compiler spills to
+   the stack at every step: 0.5x the speed). */
+static void qsums6(const uint8_t *q0, int64_t in, const int8_t *w0, int32_t *tile) {
+    int64_t groups = in / 4;
+    const int8_t *w1 = w0 + groups * 64, *w2 = w1 + groups * 64, *w3 = w2 + groups * 64;
+    const uint8_t *x0 = q0, *x1 = q0 + in, *x2 = q0 + 2 * in, *x3 = q0 + 3 * in, *x4 = q0 + 4 * in,
+                  *x5 = q0 + 5 * in;
+#define QZ(r) __m512i a##r##0 = _mm512_setzero_si512(), a##r##1 = a##r##0, a##r##2 = a##r##0, a##r##3 = a##r##0;
+    QZ(0) QZ(1) QZ(2) QZ(3) QZ(4) QZ(5)
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512i v0 = _mm512_loadu_si512((const void *)(w0 + g * 64));
+        __m512i v1 = _mm512_loadu_si512((const void *)(w1 + g * 64));
+        __m512i v2 = _mm512_loadu_si512((const void *)(w2 + g * 64));
+        __m512i v3 = _mm512_loadu_si512((const void *)(w3 + g * 64));
+#define QR(r)                                                    \
+    {                                                            \
+        int32_t four;                                            \
+        __builtin_memcpy(&four, x##r + 4 * g, 4);                \
+        __m512i b = _mm512_set1_epi32(four);                     \
+        a##r##0 = _mm512_dpbusd_epi32(a##r##0, b, v0);           \
+        a##r##1 = _mm512_dpbusd_epi32(a##r##1, b, v1);           \
+        a##r##2 = _mm512_dpbusd_epi32(a##r##2, b, v2);           \
+        a##r##3 = _mm512_dpbusd_epi32(a##r##3, b, v3);           \
+    }
+        QR(0) QR(1) QR(2) QR(3) QR(4) QR(5)
+    }
+#define QS(r)                                                              \
+    _mm512_store_si512((void *)(tile + r * 64), a##r##0);                  \
+    _mm512_store_si512((void *)(tile + r * 64 + 16), a##r##1);             \
+    _mm512_store_si512((void *)(tile + r * 64 + 32), a##r##2);             \
+    _mm512_store_si512((void *)(tile + r * 64 + 48), a##r##3);
+    QS(0) QS(1) QS(2) QS(3) QS(4) QS(5)
+#undef QZ
+#undef QR
+#undef QS
+}
+
 /* vnni_linear's work; relu: max(y, 0); residual (may be y itself): y = residual + that. */
 static void qlinear(const float *x, int64_t rows, int64_t in, int64_t out, const int8_t *packed,
                     const int32_t *colsum, const float *col_scale, const float *bias, float *y, int relu,
@@ -318,9 +356,10 @@ static void qlinear(const float *x, int64_t rows, int64_t in, int64_t out, const
         return;
     }
 #endif
-    /* every row quantized first (q + 128 in a buffer of whole 4-row blocks), then each block of 64 output units
-       against all rows, so that its weights (in * 64 bytes) are read from memory once */
-    int64_t blocks = (rows + 3) / 4, groups = in / 4;
+    /* every row quantized first (q + 128 in a buffer padded for whole 4-row blocks after the 6-row ones), then
+       each block of 64 output units against all rows, so that its weights (in * 64 bytes) are read from memory
+       once: 6 rows at a time (qsums6: measured 1.35x 4 rows at a time on Zen 4), the last 0-5 in blocks of 4 */
+    int64_t blocks = (rows + 6) / 4, groups = in / 4;
     uint8_t small[16 * 4096] __attribute__((aligned(64)));
     uint8_t *qu = blocks * 4 * in <= (int64_t)sizeof small ? small : (uint8_t *)malloc(blocks * 4 * in);
     float rs_small[16];
@@ -338,7 +377,25 @@ static void qlinear(const float *x, int64_t rows, int64_t in, int64_t out, const
             cs[j] = _mm512_loadu_ps(col_scale + o);
             bs[j] = bias ? _mm512_loadu_ps(bias + o) : _mm512_setzero_ps();
         }
-        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        int64_t r0 = 0;
+        int32_t tile[6 * 64] __attribute__((aligned(64)));
+        for (; r0 + 6 <= rows; r0 += 6) {
+            qsums6(qu + r0 * in, in, w0, tile);
+            for (int j = 0; j < 4; ++j) {
+                int64_t o = (ob + j) * 16;
+                for (int64_t r = 0; r < 6; ++r) {
+                    __m512i sums = _mm512_load_si512((const void *)(tile + r * 64 + j * 16));
+                    __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, comp[j]));
+                    v = _mm512_mul_ps(v, _mm512_set1_ps(rs[r0 + r]));
+                    v = _mm512_mul_ps(v, cs[j]);
+                    if (bias) v = _mm512_add_ps(v, bs[j]);
+                    if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+                    if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + (r0 + r) * out + o), v);
+                    _mm512_storeu_ps(y + (r0 + r) * out + o, v);
+                }
+            }
+        }
+        for (; r0 < rows; r0 += 4) {
             int64_t rb = rows - r0 < 4 ? rows - r0 : 4;
             const uint8_t *q0 = qu + r0 * in;
             __m512i acc[4][4];

@@ -9,16 +9,15 @@
           (dynamic, per token). The scheme of LLM.int8() (Dettmers et al. 2022) without its outlier
           split, and of torchao's int8 dynamic-activation config; torch.ao's quantize_dynamic is
           deprecated and scales activations per tensor.
-          Where nmt's native kernels run on AMX tiles (nmt.models.native, Intel Xeon 4th generation on), every
-          int8 linear does, at any number of rows (the same numbers as torch._int_mm's chain, 2.3x-4.3x faster).
-          Elsewhere a layer of at least ONEDNN_MIN_OUT outputs (the output layer over the vocabulary) runs on the
-          native VNNI kernel at any number of rows where it is built (measured 2026-12-04 on one core of an AMD
-          EPYC, Zen 4: as fast as oneDNN from 32 rows, up to 3x below, with none of the ~1 ms oneDNN spends
-          making a kernel for each new number of rows), else on a CPU through oneDNN's int8 product
-          (`onednn_linear`, VNNI kernels with pre-packed weights, 1.7x to 2.6x faster than torch._int_mm there:
-          the same per-row scales on another grid (255 levels), so its results differ from the native
-          kernels'); smaller layers run on the native VNNI kernel up to VNNI_MAX_ROWS rows
-          and on torch._int_mm above (the same numbers both).
+          Where nmt's native kernels are built with VNNI (nmt.models.native: AVX-512 VNNI or AMX), every int8
+          linear runs in one call of native.vnni_linear at any number of rows, the same numbers as torch._int_mm's
+          chain (measured 2026-12-04 on one core of an AMD EPYC, Zen 4, its 6-row blocks: 1.15x-1.45x that chain
+          and 1.2x-1.4x oneDNN's int8 product from 8 to 960 rows of the Transformer's shapes, with none of the
+          ~1 ms oneDNN spends making a kernel for each new number of rows; on AMX tiles, Intel Xeon 4th
+          generation on, 2.3x-4.3x). Elsewhere a layer of at least ONEDNN_MIN_OUT outputs (the output layer over
+          the vocabulary) runs on a CPU through oneDNN's int8 product (`onednn_linear`, VNNI kernels with
+          pre-packed weights, 1.7x to 2.6x faster than torch._int_mm there: the same per-row scales on another
+          grid (255 levels), so its results differ), and smaller ones on torch._int_mm.
 Everything else (embeddings, layer norms, GRU/LSTM cells, the RNN attention scorers, whose weights
 some scores read directly) stays fp32. Training never sees these modules: they replace a trained
 model's layers for decoding only, in place (`to_precision`).
@@ -97,11 +96,6 @@ ONEDNN_MIN_OUT = 4096  # layers with this many outputs or more use oneDNN's int8
 # 2026-12-02, Intel Xeon with AMX, one thread, rows 1 to 320: (R, 256) x (256, 8000) 1.2x to 2.6x faster than
 # torch._int_mm with the quantisation around it; (R, 256) x (256, 256 | 1024) and (R, 1024) x (1024, 256) 0.7x
 # to 1.0x, so not for those)
-
-
-VNNI_MAX_ROWS = 24  # products of at most this many rows run in native.vnni_linear where it is built (measured
-# 2026-12-03, Intel Xeon with AMX, one thread: 2.3x-3.5x faster than quantize + torch._int_mm + scale at 1-8 rows,
-# 1.3x-1.6x at 16, even at 32; the same numbers)
 
 
 def onednn_int8() -> bool:
@@ -187,12 +181,9 @@ class Int8Linear(nn.Module):
         if rows.dtype != torch.float32:
             rows = rows.float()
         native_rows = native.usable(rows) and rows.is_contiguous()
-        if native_rows and native.amx_shape(self.in_features, native.padded(self.out_features)):
-            return self._native(rows).view(*x.shape[:-1], -1)  # AMX: one call at any number of rows, the
-            # same numbers as below (int_mm's)
-        if native_rows and (self.out_features >= ONEDNN_MIN_OUT or self._cut) and self.native_pack():
-            return self._native(rows).view(*x.shape[:-1], -1)  # VNNI: as fast as oneDNN from 64 rows, faster
-            # below, with no per-shape set-up (oneDNN makes a kernel for each number of rows, ~1 ms each)
+        if native_rows and self.native_pack():  # VNNI or AMX: one call at any number of rows, the same numbers
+            # as below (int_mm's), faster than oneDNN and torch._int_mm's chain at every shape measured
+            return self._native(rows).view(*x.shape[:-1], -1)
         if self.out_features >= ONEDNN_MIN_OUT and not rows.is_cuda and self._packed is not False:
             if self._packed is None:
                 packed = pack_onednn(self.weight_t, self.scale) if onednn_int8() else None
@@ -200,8 +191,6 @@ class Int8Linear(nn.Module):
             if self._packed is not False:
                 return onednn_linear(rows, self._packed, self.bias).view(*x.shape[:-1], -1)
         if native_rows:  # the same numbers in two passes instead of nine operators
-            if rows.size(0) <= VNNI_MAX_ROWS and self.native_pack():  # the same numbers again, in one call
-                return self._native(rows).view(*x.shape[:-1], -1)
             q, scale = native.quantize_rows(rows)
             return native.dequantize(int_mm(q, self.weight_t), scale, self.scale, self.bias).view(*x.shape[:-1], -1)
         scale = rows.abs().amax(1, keepdim=True).clamp_min_(1e-12).div_(127)  # (R, 1)
