@@ -346,6 +346,19 @@ static void qsums6(const uint8_t *q0, int64_t in, const int8_t *w0, int32_t *til
 #undef QS
 }
 
+/* y[at..at + 16) = 16 int32 sums (q + 128 times the weights) scaled as by dequantize: the 128 * column sums (comp)
+   taken off, times the row's and the columns' scales, plus the bias (if any); then relu, residual as qlinear. */
+static inline void qstore(__m512i sums, __m512i comp, float row_scale, __m512 col_scale, const __m512 *bias,
+                          int relu, const float *residual, int64_t at, float *y) {
+    __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, comp));
+    v = _mm512_mul_ps(v, _mm512_set1_ps(row_scale));
+    v = _mm512_mul_ps(v, col_scale);
+    if (bias) v = _mm512_add_ps(v, *bias);
+    if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+    if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + at), v);
+    _mm512_storeu_ps(y + at, v);
+}
+
 /* vnni_linear's work; relu: max(y, 0); residual (may be y itself): y = residual + that. */
 static void qlinear(const float *x, int64_t rows, int64_t in, int64_t out, const int8_t *packed,
                     const int32_t *colsum, const float *col_scale, const float *bias, float *y, int relu,
@@ -385,13 +398,8 @@ static void qlinear(const float *x, int64_t rows, int64_t in, int64_t out, const
                 int64_t o = (ob + j) * 16;
                 for (int64_t r = 0; r < 6; ++r) {
                     __m512i sums = _mm512_load_si512((const void *)(tile + r * 64 + j * 16));
-                    __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, comp[j]));
-                    v = _mm512_mul_ps(v, _mm512_set1_ps(rs[r0 + r]));
-                    v = _mm512_mul_ps(v, cs[j]);
-                    if (bias) v = _mm512_add_ps(v, bs[j]);
-                    if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-                    if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + (r0 + r) * out + o), v);
-                    _mm512_storeu_ps(y + (r0 + r) * out + o, v);
+                    qstore(sums, comp[j], rs[r0 + r], cs[j], bias ? &bs[j] : 0, relu, residual, (r0 + r) * out + o,
+                           y);
                 }
             }
         }
@@ -413,15 +421,9 @@ static void qlinear(const float *x, int64_t rows, int64_t in, int64_t out, const
             }
             for (int j = 0; j < 4; ++j) {
                 int64_t o = (ob + j) * 16;
-                for (int64_t r = 0; r < rb; ++r) {
-                    __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], comp[j]));
-                    v = _mm512_mul_ps(v, _mm512_set1_ps(rs[r0 + r]));
-                    v = _mm512_mul_ps(v, cs[j]);
-                    if (bias) v = _mm512_add_ps(v, bs[j]);
-                    if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-                    if (residual) v = _mm512_add_ps(_mm512_loadu_ps(residual + (r0 + r) * out + o), v);
-                    _mm512_storeu_ps(y + (r0 + r) * out + o, v);
-                }
+                for (int64_t r = 0; r < rb; ++r)
+                    qstore(acc[r][j], comp[j], rs[r0 + r], cs[j], bias ? &bs[j] : 0, relu, residual,
+                           (r0 + r) * out + o, y);
             }
         }
     }
