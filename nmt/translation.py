@@ -263,6 +263,8 @@ class Translator:
         filled = [i for i, line in enumerate(lines) if line.strip()]
         report(len(lines) - len(filled))
         batches = list(self.batches(ids, filled, prefix_ids))
+        if self.pool:  # longest first: the workers' last batches are the short ones, so none waits long for another
+            batches.reverse()
         work = [
             (
                 [ids[i] for i in batch],

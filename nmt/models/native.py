@@ -182,8 +182,10 @@ static void attend_head(const float *qv, const float *kb, const float *vb, int64
 void attend(const float *q, int64_t rows, int64_t heads, int64_t dim, int64_t q_stride, int64_t group,
             const float *k, const float *v, int64_t kv_stride, int64_t head_stride, int64_t len,
             const float *bias, int64_t bias_stride, float scale, float *out, float *weights) {
-    float scratch[len];
+    /* the (row, head) pairs shared among torch's threads where there is enough work (each computed as by one) */
+#pragma omp parallel for schedule(static) if (rows * heads * len * dim >= (1 << 18))
     for (int64_t r = 0; r < rows; ++r) {
+        float scratch[len];
         int64_t b = r / group;
         for (int64_t n = 0; n < heads; ++n) {
             float *s = weights ? weights + (r * heads + n) * len : scratch;
@@ -685,6 +687,7 @@ static float row_max(const float *x, int64_t width) {
 
 /* out (R,) int64: each row's index of its first largest value (torch's argmax for rows without NaN). */
 void row_argmax(const float *x, int64_t rows, int64_t width, int64_t *out) {
+#pragma omp parallel for schedule(static) if (rows * width >= (1 << 18))
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * width;
         float m = row_max(xr, width);
@@ -707,9 +710,11 @@ void row_argmax(const float *x, int64_t rows, int64_t width, int64_t *out) {
    tokens outside `banned`. */
 void log_softmax_topk(const float *x, int64_t rows, int64_t width, int64_t k, const int64_t *banned,
                       int64_t nbanned, float *values, int64_t *index) {
-    float best[64];
-    int64_t at[64];
+    /* rows shared among torch's threads where there are enough (each computed as by one thread) */
+#pragma omp parallel for schedule(static) if (rows * width >= (1 << 18))
     for (int64_t r = 0; r < rows; ++r) {
+        float best[64];
+        int64_t at[64];
         const float *xr = x + r * width;
         float m = row_max(xr, width);
         int64_t i = 0;
