@@ -106,6 +106,30 @@ static inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : e;
 }
 
+#ifdef __AVX512F__
+/* exp_nonpositive of 16 values at once: the same operations in the same order on each lane (rint as the round to
+   nearest even, 2^n from the exponent bits), so each lane equals exp_nonpositive of its value bit for bit. */
+static inline __m512 exp16_nonpositive(__m512 x) {
+    __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    __m512 y = _mm512_mask_mov_ps(x, under, lo);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(y, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+    __m512i two_n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(two_n));
+    return _mm512_mask_mov_ps(e, under, _mm512_setzero_ps());
+}
+#endif
+
 static inline float dot(const float *a, const float *b, int64_t dim) {
     float lane[16] = {0.0f};
     int64_t d = 0;
@@ -719,7 +743,14 @@ void log_softmax_topk(const float *x, int64_t rows, int64_t width, int64_t k, co
         float m = row_max(xr, width);
         int64_t i = 0;
         float lane[16] = {0.0f};
-        for (i = 0; i + 16 <= width; i += 16)
+        i = 0;
+#ifdef __AVX512F__
+        __m512 lanes = _mm512_setzero_ps(), mv = _mm512_set1_ps(m);
+        for (; i + 16 <= width; i += 16)
+            lanes = _mm512_add_ps(lanes, exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(xr + i), mv)));
+        _mm512_storeu_ps(lane, lanes);
+#endif
+        for (; i + 16 <= width; i += 16)
             for (int c = 0; c < 16; ++c) lane[c] += exp_nonpositive(xr[i + c] - m);
         float total = 0.0f;
         for (; i < width; ++i) total += exp_nonpositive(xr[i] - m);
