@@ -21,7 +21,9 @@ rows "nmt+sl" (decode.shortlist) and, with --ct2, "ct2+vmap" (the same file as t
 use_vmap=True) are added.
 
 Every measurement runs in a fresh process (`--worker`) that loads the model, decodes a few sentences to warm
-up (a batch per replica with --replicas), then times --runs runs over all sentences: the figures are the median
+up (a batch per replica with --replicas), then times --runs runs over all sentences; with --rounds R every row is
+measured so in R processes, round by round (round k of every row before round k + 1 of any: a slow spell of a
+shared machine, which can last minutes and cost 10-20%, is spread over all rows): the figures are the median
 wall-clock time, the CPU time of the process per sentence (steadier than the wall clock on a shared machine), and
 the peak resident set size
 (the process's high-water mark, and its rise while decoding, sampled every 5 ms). With --baseline REV the same
@@ -104,6 +106,8 @@ def timed(decode, lines: list[str], runs: int, warm: int = 8) -> dict:
     return {
         "wall_s": statistics.median(walls),
         "cpu_s": statistics.median(cpus),
+        "walls": walls,
+        "cpus": cpus,
         "rise_mib": max(rises),
         "outputs": outputs,
     }
@@ -412,45 +416,70 @@ def bench_model(
             runs=args.runs,
             threads=args.threads,
         )
-        results = {}
-        for engine, precision in rows:
-            replicated = engine.endswith(f" x{args.replicas}")
-            listed = "+" in engine
-            job = {
-                **common,
-                "engine": "ct2" if engine.startswith("ct2") else "nmt",
-                "precision": precision,
-                "ct2_dir": str(vmap_dir if listed and engine.startswith("ct2") else ct2_dir),
-                "shortlist": str(shortlist) if listed else None,
-                "vmap": listed and engine.startswith("ct2"),
-            }
-            if replicated:
-                job.update(threads=1, replicas=args.replicas)
-            if engine == "nmt" and precision == "fp32":
-                job.update(unbatched=args.unbatched if beam > 1 else 0, profile=args.profile and beam > 1)
-            results[engine, precision] = run_job(job, baseline if engine == "baseline" else ROOT, work)
-        reference = results.get(("nmt", "fp32"), next(iter(results.values())))["outputs"]
-        for (engine, precision), r in results.items():
-            tokens = sum(len(o) for o in r["outputs"])
-            versus = f"{results['baseline', 'fp32']['wall_s'] / r['wall_s']:.2f}x" if baseline else ""
-            same = sum(a == b for a, b in zip(r["outputs"], reference))
-            print(
-                f"{engine + ' ' + precision:<16} {('greedy' if beam == 1 else f'beam {beam}'):<7} "
-                f"{len(lines) / r['wall_s']:>7.1f} {tokens / r['wall_s']:>7.0f} "
-                f"{1000 * r['cpu_s'] / len(lines):>11.2f} {r['peak_mib']:>8.0f} {r['rise_mib']:>8.0f} {versus:>7} "
-                f"{same:>5}/{len(lines):<6}" + (f"  {bleu(r['text'], refs):.2f}" if fixed_len is None else ""),
-                flush=True,
-            )
-        for r in results.values():
-            if "unbatched" in r:
-                u = r["unbatched"]
-                print(
-                    f"  beam {beam} one sentence at a time ({u['sentences']} sentences): "
-                    f"{u['sentences'] / u['wall_s']:.1f} sent/s; batched outputs "
-                    f"{'equal' if u['same'] else 'DIFFER FROM'} the unbatched ones"
+        results: dict = {}
+        for turn in range(args.rounds):  # round k of every row before round k + 1 of any, each starting one row
+            # further on: a slow spell of a shared machine is spread over the rows instead of falling on a few
+            for engine, precision in rows[turn % len(rows) :] + rows[: turn % len(rows)]:
+                found = time_row(
+                    engine, precision, turn == 0, common, args, baseline, ct2_dir, vmap_dir, shortlist, work
                 )
-            if "profile" in r:
-                print(f"  torch.profiler, nmt fp32, beam {beam}, 256 sentences:\n{r['profile']}")
+                if (engine, precision) not in results:
+                    results[engine, precision] = found
+                    continue
+                kept = results[engine, precision]
+                kept["walls"] += found["walls"]
+                kept["cpus"] += found["cpus"]
+                kept["rise_mib"] = max(kept["rise_mib"], found["rise_mib"])
+                kept["peak_mib"] = max(kept["peak_mib"], found["peak_mib"])
+        for r in results.values():
+            r["wall_s"], r["cpu_s"] = statistics.median(r["walls"]), statistics.median(r["cpus"])
+        print_rows(results, lines, beam, baseline, fixed_len, refs)
+
+
+def time_row(engine, precision, first, common, args, baseline, ct2_dir, vmap_dir, shortlist, work) -> dict:
+    """One row's job in a fresh process: --runs timed runs (the unbatched and profile extras in the first round)."""
+    replicated = engine.endswith(f" x{args.replicas}")
+    listed = "+" in engine
+    job = {
+        **common,
+        "engine": "ct2" if engine.startswith("ct2") else "nmt",
+        "precision": precision,
+        "ct2_dir": str(vmap_dir if listed and engine.startswith("ct2") else ct2_dir),
+        "shortlist": str(shortlist) if listed else None,
+        "vmap": listed and engine.startswith("ct2"),
+    }
+    if replicated:
+        job.update(threads=1, replicas=args.replicas)
+    beam = common["beam"]
+    if engine == "nmt" and precision == "fp32" and first:
+        job.update(unbatched=args.unbatched if beam > 1 else 0, profile=args.profile and beam > 1)
+    return run_job(job, baseline if engine == "baseline" else ROOT, work)
+
+
+def print_rows(results: dict, lines: list[str], beam: int, baseline, fixed_len, refs) -> None:
+    """The table's rows of one beam size."""
+    reference = results.get(("nmt", "fp32"), next(iter(results.values())))["outputs"]
+    for (engine, precision), r in results.items():
+        tokens = sum(len(o) for o in r["outputs"])
+        versus = f"{results['baseline', 'fp32']['wall_s'] / r['wall_s']:.2f}x" if baseline else ""
+        same = sum(a == b for a, b in zip(r["outputs"], reference))
+        print(
+            f"{engine + ' ' + precision:<16} {('greedy' if beam == 1 else f'beam {beam}'):<7} "
+            f"{len(lines) / r['wall_s']:>7.1f} {tokens / r['wall_s']:>7.0f} "
+            f"{1000 * r['cpu_s'] / len(lines):>11.2f} {r['peak_mib']:>8.0f} {r['rise_mib']:>8.0f} {versus:>7} "
+            f"{same:>5}/{len(lines):<6}" + (f"  {bleu(r['text'], refs):.2f}" if fixed_len is None else ""),
+            flush=True,
+        )
+    for r in results.values():
+        if "unbatched" in r:
+            u = r["unbatched"]
+            print(
+                f"  beam {beam} one sentence at a time ({u['sentences']} sentences): "
+                f"{u['sentences'] / u['wall_s']:.1f} sent/s; batched outputs "
+                f"{'equal' if u['same'] else 'DIFFER FROM'} the unbatched ones"
+            )
+        if "profile" in r:
+            print(f"  torch.profiler, nmt fp32, beam {beam}, 256 sentences:\n{r['profile']}")
 
 
 def baseline_tree(rev: str, work: Path) -> Path:
@@ -480,6 +509,12 @@ def main() -> None:
         "--threads", type=int, default=2, help="torch intra-op threads (and CTranslate2's intra_threads)"
     )
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every row in this many fresh processes, round by round (the median is over all their runs)",
+    )
     parser.add_argument("--sentences", type=int, default=1000, help="the first N test sentences")
     parser.add_argument("--unbatched", type=int, default=100, help="sentences for beam 5 one at a time (0: skip)")
     parser.add_argument("--fixed-len", type=int, default=None)
