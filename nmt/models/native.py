@@ -178,7 +178,19 @@ static void attend_head(const float *qv, const float *kb, const float *vb, int64
     }
     if (m == -INFINITY) m = 0.0f;
     float total = 0.0f;
-    for (int64_t j = 0; j < len; ++j) {
+    int64_t j0 = 0;
+#ifdef __AVX512F__
+    for (; j0 + 16 <= len; j0 += 16)  /* the same exp per value as below, 16 at a time; summed in order below */
+        _mm512_storeu_ps(s + j0, exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j0), _mm512_set1_ps(m))));
+    if (j0 < len) {
+        __mmask16 tail = (__mmask16)((1u << (len - j0)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(tail, s + j0);
+        _mm512_mask_storeu_ps(s + j0, tail, exp16_nonpositive(_mm512_sub_ps(v, _mm512_set1_ps(m))));
+        j0 = len;
+    }
+    for (int64_t j = 0; j < len; ++j) total += s[j];
+#endif
+    for (int64_t j = j0; j < len; ++j) {
         s[j] = exp_nonpositive(s[j] - m);
         total += s[j];
     }
