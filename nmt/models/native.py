@@ -936,9 +936,12 @@ def library() -> ctypes.CDLL | None:
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the kernels can take these tensors: built here, float32 on the CPU, the last dim contiguous (each
     kernel's caller checks the rest of its layout)."""
-    return library() is not None and all(
-        t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors
-    )
+    if library() is None:
+        return False
+    for t in tensors:  # (a loop, not all() over a generator: called for every layer of every step)
+        if not t.is_cpu or t.dtype is not torch.float32 or t.stride(-1) != 1:
+            return False
+    return True
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1125,8 +1128,9 @@ _LAYERS32: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the same f
 def layer8(layer) -> tuple[Layer8, list] | None:
     """A decoding copy's int8 DecoderLayer as `layer_step` takes it, or None where it cannot (no VNNI here, a
     linear that is not an Int8Linear of packable shape, norms without weights)."""
-    if layer in _LAYERS:
-        return _LAYERS[layer]
+    made = _LAYERS.get(layer, _LAYERS)
+    if made is not _LAYERS:
+        return made
     from nmt.models.quantize import Int8Linear
 
     made = None
@@ -1198,8 +1202,9 @@ def layer32(layer) -> tuple[Layer32, list] | None:
     """A decoding copy's fp32 DecoderLayer as `layer_step32` takes it, or None: linears all PackedLinear (MKL's
     packed product, Intel) or all NativeLinear (fp32_linear's kernel) with biases and output units a multiple
     of 64."""
-    if layer in _LAYERS32:
-        return _LAYERS32[layer]
+    made = _LAYERS32.get(layer, _LAYERS32)
+    if made is not _LAYERS32:
+        return made
     from nmt.models.onednn import NativeLinear
     from nmt.models.packed import PackedLinear, mkl_packed
 

@@ -15,6 +15,7 @@ them together. `step` and `forward` return cross-attention reduced for plotting
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -90,6 +91,12 @@ FUSED_MAX_ROWS = 128  # an int8 decoding copy's step runs each layer in one call
 # Intel Xeon with AMX, 500 test sentences, batches of 64: 1 thread greedy 1.27x, beam 5 1.11x faster than
 # torch._int_mm and the kernels around it; 2 threads greedy 1.19x, beam 5 (320 rows) 0.97x unless kept to 128 rows)
 ROOM = 16  # positions a decoding copy's self-attention cache is allocated ahead (at least; see `_grown`)
+
+
+@functools.cache
+def state_names(layer: int) -> tuple[str, str, str, str]:
+    """A decoder layer's keys in the state and in the encoder output (formatted once, not at every step)."""
+    return f"self_k{layer}", f"self_v{layer}", f"cross_k{layer}", f"cross_v{layer}"
 
 
 class MultiHeadAttention(nn.Module):
@@ -363,7 +370,11 @@ class DecoderLayer(nn.Module):
         keys, values = cache
         kept: list[torch.Tensor | None] = []
 
-        fused = native.usable(x, keys, values, *cross_kv, cross_bias) and all(c.is_contiguous() for c in cross_kv)
+        fused = (
+            native.usable(x, keys, values, *cross_kv, cross_bias)
+            and cross_kv[0].is_contiguous()
+            and cross_kv[1].is_contiguous()
+        )
         if fused and keys.stride(2) == keys.size(3) and x.is_contiguous():  # the layer in one call
             made = native.layer8(self)  # int8 (single-threaded products: with more threads, up to FUSED_MAX_ROWS)
             if made is not None and not (rows <= FUSED_MAX_ROWS or torch.get_num_threads() == 1 or native.amx()):
@@ -578,12 +589,15 @@ class TransformerDecoder(nn.Module):
         if positions == 1 and self.decoding and not self.training:  # step_one: no attention dropout
             if not self._writable(state, t):
                 state = self._grown(state["self_k0"], state, t)
+            last = len(self.layers) - 1
             for i, layer in enumerate(self.layers):
-                cache = (state[f"self_k{i}"], state[f"self_v{i}"])
-                buffers = tuple(c.as_strided((c.size(0), c.size(1), t + 1, c.size(3)), c.stride()) for c in cache)
-                cross = (enc[f"cross_k{i}"], enc[f"cross_v{i}"])
-                x, weights = layer.step_one(x, buffers, t, cross, enc["cross_bias"], i == len(self.layers) - 1)
-                new_state[f"self_k{i}"], new_state[f"self_v{i}"] = buffers
+                k_name, v_name, ck_name, cv_name = state_names(i)
+                keys, values = state[k_name], state[v_name]
+                shape = (keys.size(0), keys.size(1), t + 1, keys.size(3))
+                buffers = (keys.as_strided(shape, keys.stride()), values.as_strided(shape, values.stride()))
+                cross = (enc[ck_name], enc[cv_name])
+                x, weights = layer.step_one(x, buffers, t, cross, enc["cross_bias"], i == last)
+                new_state[k_name], new_state[v_name] = buffers
             new_state["self_end"] = state["self_end"].fill_(t + 1)
         else:
             src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
