@@ -11,7 +11,7 @@ A row's result does not depend on the other rows of its product (checked for 1 t
 same numbers alone as in any batch), but differs from MKL's in the last bits (another order of summation), so
 decoding copies change in the last bits and, rarely, in an output where two tokens tie that closely.
 On other AVX-512 CPUs nmt's own kernel (NativeLinear, nmt.models.native.fp32_linear) is faster still where it
-counts: measured 2026-12-04 on one core of an AMD EPYC (Zen 4), 1.1x-1.7x oneDNN's product from 1 to 64 rows of
+counts: measured 2026-12-04 on one core of an AMD EPYC (Zen 4), 1.04x-1.7x oneDNN's product from 1 to 64 rows of
 the decoder's shapes and as fast above, with no per-shape set-up (oneDNN makes and keeps a kernel for every
 number of rows it meets: a fresh process pays for each new one) and the decoder's fused layer in one call.
 NMT_FP32_GEMM=mkl|native|onednn|torch forces a backend (torch: plain F.linear everywhere).

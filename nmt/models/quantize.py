@@ -11,8 +11,8 @@
           deprecated and scales activations per tensor.
           Where nmt's native kernels are built with VNNI (nmt.models.native: AVX-512 VNNI or AMX), every int8
           linear runs in one call of native.vnni_linear at any number of rows, the same numbers as torch._int_mm's
-          chain (measured 2026-12-04 on one core of an AMD EPYC, Zen 4, its 6-row blocks: 1.15x-1.45x that chain
-          and 1.2x-1.4x oneDNN's int8 product from 8 to 960 rows of the Transformer's shapes, with none of the
+          chain (measured 2026-12-04 on one core of an AMD EPYC, Zen 4, its 6-row blocks: 1.1x-1.8x that chain
+          and 1.1x-1.6x oneDNN's int8 product from 8 to 960 rows of the Transformer's shapes, with none of the
           ~1 ms oneDNN spends making a kernel for each new number of rows; on AMX tiles, Intel Xeon 4th
           generation on, 2.3x-4.3x). Elsewhere a layer of at least ONEDNN_MIN_OUT outputs (the output layer over
           the vocabulary) runs on a CPU through oneDNN's int8 product (`onednn_linear`, VNNI kernels with
