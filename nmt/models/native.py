@@ -771,7 +771,6 @@ void log_softmax_topk(const float *x, int64_t rows, int64_t width, int64_t k, co
         float m = row_max(xr, width);
         int64_t i = 0;
         float lane[16] = {0.0f};
-        i = 0;
 #ifdef __AVX512F__
         __m512 lanes = _mm512_setzero_ps(), mv = _mm512_set1_ps(m);
         for (; i + 16 <= width; i += 16)
