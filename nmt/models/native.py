@@ -141,82 +141,128 @@ static inline float dot(const float *a, const float *b, int64_t dim) {
     return sum;
 }
 
+#ifdef __AVX512F__
+/* Lane i of the result: the sum of the 16 lanes of a[i] (16 keys' partial products at once, 45 shuffles and adds
+   where one horizontal sum per key takes 8). */
+static inline __m512 sum16(__m512 *a) {
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; ++i)  /* per 128-bit chunk: (x0+x2, y0+y2, x1+x3, y1+y3) */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {  /* per chunk: one partial sum of each of 4 keys */
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    __m512 g = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 h = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(g, h, 0x88), _mm512_shuffle_f32x4(g, h, 0xDD));
+}
+#endif
+
 /* Attention of one query per (row, head) over `len` keys: q (r, n, :) at q + r * q_stride + n * dim; the keys and
-   values of row r are those of kv-row b = r / group, (b, n, j, :) at k + b * kv_stride + n * head_stride + j * dim;
+   values of row r are those of kv-row b = r / group, (b, n, j, :) at k + b * kv_stride + n * head_stride + j * ks;
    bias (b, j) at bias + b * bias_stride is added to the scores (0 or -inf) where given. out (R, N * dim) contiguous
    gets softmax(scale * q.k_j + bias_j) . v_j; weights (R, N, len), where given, the softmax. With AVX-512 and dim a
-   multiple of 16 up to 256 the products run on 16-float vectors; elsewhere in plain loops. */
-static void attend_head(const float *qv, const float *kb, const float *vb, int64_t dim, int64_t len,
-                        const float *bias, float scale, float *s, float *o) {
-    float m = -INFINITY;
+   multiple of 16 up to 256 everything runs on 16-float vectors, the scores 16 keys at a time; elsewhere in plain
+   loops. */
 #ifdef __AVX512F__
-    if (dim % 16 == 0 && dim <= 256) {
-        int64_t blocks = dim / 16;
-        __m512 qr[16];
-        for (int64_t c = 0; c < blocks; ++c) qr[c] = _mm512_loadu_ps(qv + 16 * c);
-        for (int64_t j = 0; j < len; ++j) {
-            const float *kj = kb + j * dim;
-            __m512 acc = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kj));
-            for (int64_t c = 1; c < blocks; ++c) acc = _mm512_fmadd_ps(qr[c], _mm512_loadu_ps(kj + 16 * c), acc);
-            float x = _mm512_reduce_add_ps(acc) * scale;
-            if (bias) x += bias[j];
-            s[j] = x;
-            m = x > m ? x : m;
-        }
-    } else
-#endif
+/* attend_head's vector body for dim = 16 * blocks; always inlined with a constant `blocks`, so that its
+   accumulators stay in registers (with a variable count GCC keeps them on the stack). */
+static inline __attribute__((always_inline)) void attend_head16(const float *qv, const float *kb, const float *vb,
+                                                                const int64_t blocks, int64_t len, int64_t ks,
+                                                                const float *bias, float scale, float *s, float *o) {
     {
-        for (int64_t j = 0; j < len; ++j) {
-            const float *kj = kb + j * dim;
-            float x = 0.0f;
-            for (int64_t d = 0; d < dim; ++d) x += qv[d] * kj[d];
-            x *= scale;
-            if (bias) x += bias[j];
-            s[j] = x;
-            m = x > m ? x : m;
+        __m512 top = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+        for (int64_t j0 = 0; j0 < len; j0 += 16) {
+            int64_t n = len - j0 < 16 ? len - j0 : 16;
+            __mmask16 live = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
+            __m512 acc[16];
+            for (int64_t i = 0; i < 16; ++i) {  /* past the last key, the last again (its lanes masked below) */
+                const float *kj = kb + (j0 + (i < n ? i : n - 1)) * ks;
+                __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qv), _mm512_loadu_ps(kj));
+                for (int64_t c = 1; c < blocks; ++c)
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * c), _mm512_loadu_ps(kj + 16 * c), a);
+                acc[i] = a;
+            }
+            __m512 x = _mm512_mul_ps(sum16(acc), sc);
+            if (bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(live, bias + j0));
+            x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, x);
+            top = _mm512_max_ps(top, x);
+            _mm512_mask_storeu_ps(s + j0, live, x);
         }
+        float m = _mm512_reduce_max_ps(top);
+        __m512 mv = _mm512_set1_ps(m == -INFINITY ? 0.0f : m), total = _mm512_setzero_ps();
+        for (int64_t j0 = 0; j0 < len; j0 += 16) {
+            int64_t n = len - j0 < 16 ? len - j0 : 16;
+            __mmask16 live = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
+            __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j0), mv));
+            e = _mm512_maskz_mov_ps(live, e);
+            total = _mm512_add_ps(total, e);
+            _mm512_mask_storeu_ps(s + j0, live, e);
+        }
+        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+        for (int64_t j0 = 0; j0 < len; j0 += 16) {
+            int64_t n = len - j0 < 16 ? len - j0 : 16;
+            __mmask16 live = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
+            _mm512_mask_storeu_ps(s + j0, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, s + j0), inv));
+        }
+        __m512 even[16], odd[16];  /* two sets of sums: half the chain of dependent adds */
+        for (int64_t c = 0; c < blocks; ++c) even[c] = odd[c] = _mm512_setzero_ps();
+        int64_t j = 0;
+        for (; j + 2 <= len; j += 2) {
+            __m512 w0 = _mm512_set1_ps(s[j]), w1 = _mm512_set1_ps(s[j + 1]);
+            const float *v0 = vb + j * ks, *v1 = v0 + ks;
+            for (int64_t c = 0; c < blocks; ++c) {
+                even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * c), even[c]);
+                odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 16 * c), odd[c]);
+            }
+        }
+        if (j < len) {
+            __m512 w0 = _mm512_set1_ps(s[j]);
+            for (int64_t c = 0; c < blocks; ++c)
+                even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(vb + j * ks + 16 * c), even[c]);
+        }
+        for (int64_t c = 0; c < blocks; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_add_ps(even[c], odd[c]));
+    }
+}
+#endif
+
+static void attend_head(const float *qv, const float *kb, const float *vb, int64_t dim, int64_t len, int64_t ks,
+                        const float *bias, float scale, float *s, float *o) {
+#ifdef __AVX512F__
+    switch (dim) {
+    case 64: attend_head16(qv, kb, vb, 4, len, ks, bias, scale, s, o); return;
+    case 32: attend_head16(qv, kb, vb, 2, len, ks, bias, scale, s, o); return;
+    case 128: attend_head16(qv, kb, vb, 8, len, ks, bias, scale, s, o); return;
+    case 16: attend_head16(qv, kb, vb, 1, len, ks, bias, scale, s, o); return;
+    default:
+        if (dim % 16 == 0 && dim <= 256) {
+            attend_head16(qv, kb, vb, dim / 16, len, ks, bias, scale, s, o);
+            return;
+        }
+    }
+#endif
+    float m = -INFINITY;
+    for (int64_t j = 0; j < len; ++j) {
+        float x = dot(qv, kb + j * ks, dim) * scale;
+        if (bias) x += bias[j];
+        s[j] = x;
+        m = x > m ? x : m;
     }
     if (m == -INFINITY) m = 0.0f;
     float total = 0.0f;
-    int64_t j0 = 0;
-#ifdef __AVX512F__
-    for (; j0 + 16 <= len; j0 += 16)  /* the same exp per value as below, 16 at a time; summed in order below */
-        _mm512_storeu_ps(s + j0, exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j0), _mm512_set1_ps(m))));
-    if (j0 < len) {
-        __mmask16 tail = (__mmask16)((1u << (len - j0)) - 1);
-        __m512 v = _mm512_maskz_loadu_ps(tail, s + j0);
-        _mm512_mask_storeu_ps(s + j0, tail, exp16_nonpositive(_mm512_sub_ps(v, _mm512_set1_ps(m))));
-        j0 = len;
-    }
-    for (int64_t j = 0; j < len; ++j) total += s[j];
-#endif
-    for (int64_t j = j0; j < len; ++j) {
+    for (int64_t j = 0; j < len; ++j) {
         s[j] = exp_nonpositive(s[j] - m);
         total += s[j];
     }
     float inv = 1.0f / total;
     for (int64_t j = 0; j < len; ++j) s[j] *= inv;
-#ifdef __AVX512F__
-    if (dim % 16 == 0 && dim <= 256) {
-        int64_t blocks = dim / 16;
-        __m512 acc[16];
-        for (int64_t c = 0; c < blocks; ++c) acc[c] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < len; ++j) {
-            __m512 w = _mm512_set1_ps(s[j]);
-            const float *vj = vb + j * dim;
-            for (int64_t c = 0; c < blocks; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16 * c), acc[c]);
-        }
-        for (int64_t c = 0; c < blocks; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
-        return;
-    }
-#endif
     for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
     for (int64_t j = 0; j < len; ++j)
-        for (int64_t d = 0; d < dim; ++d) o[d] += s[j] * vb[j * dim + d];
+        for (int64_t d = 0; d < dim; ++d) o[d] += s[j] * vb[j * ks + d];
 }
 
 void attend(const float *q, int64_t rows, int64_t heads, int64_t dim, int64_t q_stride, int64_t group,
-            const float *k, const float *v, int64_t kv_stride, int64_t head_stride, int64_t len,
+            const float *k, const float *v, int64_t kv_stride, int64_t head_stride, int64_t key_stride, int64_t len,
             const float *bias, int64_t bias_stride, float scale, float *out, float *weights) {
     /* the (row, head) pairs shared among torch's threads where there is enough work (each computed as by one) */
 #pragma omp parallel for schedule(static) if (rows * heads * len * dim >= (1 << 18))
@@ -226,8 +272,8 @@ void attend(const float *q, int64_t rows, int64_t heads, int64_t dim, int64_t q_
         for (int64_t n = 0; n < heads; ++n) {
             float *s = weights ? weights + (r * heads + n) * len : scratch;
             attend_head(q + r * q_stride + n * dim, k + b * kv_stride + n * head_stride,
-                        v + b * kv_stride + n * head_stride, dim, len, bias ? bias + b * bias_stride : 0, scale, s,
-                        out + (r * heads + n) * dim);
+                        v + b * kv_stride + n * head_stride, dim, len, key_stride, bias ? bias + b * bias_stride : 0,
+                        scale, s, out + (r * heads + n) * dim);
         }
     }
 }
@@ -248,7 +294,7 @@ void self_attend(const float *qkv, int64_t rows, int64_t heads, int64_t dim, int
                 vd[d] = src[2 * width + d];
             }
         }
-    attend(qkv, rows, heads, dim, q_stride, 1, k, v, row_stride, head_stride, t + 1, 0, 0, scale, out, 0);
+    attend(qkv, rows, heads, dim, q_stride, 1, k, v, row_stride, head_stride, dim, t + 1, 0, 0, scale, out, 0);
 }
 
 /* q (R, I) int8 and scale (R,) of x (R, I) fp32, as torch's
@@ -691,7 +737,7 @@ static void layer_body(const LayerHead *L, LayerLinear linear, const void *layer
             linear(layer, 1, att, rows, x, 0, 1, tmp);
         } else if (block == 1) {
             linear(layer, 2, in, rows, big, 0, 0, tmp);
-            attend(big, rows, N, D, H, group, ck, cv, N * width * D, width * D, width, cbias, width,
+            attend(big, rows, N, D, H, group, ck, cv, N * width * D, width * D, D, width, cbias, width,
                    L->cross_scale, att, weights);
             linear(layer, 3, att, rows, x, 0, 1, tmp);
         } else {
@@ -872,7 +918,7 @@ SIGNATURES = {
     "row_argmax": [_P, _I64, _I64, _P],
     "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
     "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
-    "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P],
+    "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P],
     "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P],
 }
 
@@ -1011,14 +1057,18 @@ def attend(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float, need_weights: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cross-attention of a step: q (R, H), a sentence's R // B rows together, over its keys/values (B, N, W, D)
-    contiguous, bias (B, 1, 1, W) added to the scores -> (R, H) and, if asked, the weights (B, N, R // B, W)."""
+    (each key's D floats contiguous, keys and values strided alike: contiguous tensors, or views of one fused
+    projection's output), bias (B, 1, 1, W) contiguous added to the scores -> (R, H) and, if asked, the weights
+    (B, N, R // B, W)."""
     rows = q.size(0)
     sentences, heads, width, dim = keys.shape
+    if keys.stride(3) != 1 or keys.stride() != values.stride():
+        raise ValueError("attend: keys and values need the same strides, each key's floats contiguous")
     out = torch.empty((rows, heads * dim), dtype=torch.float32)
     weights = torch.empty((rows, heads, width), dtype=torch.float32) if need_weights else None
     library().attend(
         q.data_ptr(), rows, heads, dim, q.stride(0), rows // sentences, keys.data_ptr(), values.data_ptr(),
-        heads * width * dim, width * dim, width, bias.data_ptr(), width, scale, out.data_ptr(),
+        *keys.stride()[:3], width, bias.data_ptr(), width, scale, out.data_ptr(),
         None if weights is None else weights.data_ptr(),
     )  # fmt: skip
     if weights is not None:

@@ -199,7 +199,7 @@ class MultiHeadAttention(nn.Module):
         differs from torch's in the last bits): qkv (B, L, 3H), mask broadcastable to (B, 1, 1, L), True where a
         key may be attended."""
         sentences, length = qkv.size(0), qkv.size(1)
-        _, k, v = (part.contiguous() for part in self.split_many(qkv, 3))  # (B, N, L, D) each
+        _, k, v = self.split_many(qkv, 3)  # (B, N, L, D) views of qkv each, read in place
         bias = torch.zeros(sentences, 1, 1, length).masked_fill_(~mask.expand(sentences, 1, 1, length), float("-inf"))
         scale = 1.0 if self.prescaled else self.scale
         out, _ = native.attend(qkv.view(sentences * length, -1), k, v, bias, scale, False)  # (B * L, H)
