@@ -52,7 +52,7 @@ def test_decoding_copy_steps_equal_teacher_forcing_past_the_allocated_room(heads
     torch.testing.assert_close(got, forced, rtol=0, atol=1e-5)
     assert attn.shape == want_attn.shape  # (B, T, S): the padded keys never show
     torch.testing.assert_close(attn, want_attn, rtol=0, atol=1e-6)
-    assert state["self_k0"].size(2) == steps
+    assert copy.decoder.caches(state)[0][0].size(2) == steps
 
 
 def test_a_state_stepped_twice_gives_the_same_result_both_times():
@@ -76,7 +76,48 @@ def test_a_state_stepped_twice_gives_the_same_result_both_times():
     assert torch.equal(first, again)
     assert not torch.equal(first, second)
     assert torch.equal(onward, fresh)
-    assert not torch.equal(after_first["self_k0"][:, :, 3], after_second["self_k0"][:, :, 3])
+    keys_first, keys_second = copy.decoder.caches(after_first)[0][0], copy.decoder.caches(after_second)[0][0]
+    assert not torch.equal(keys_first[:, :, 3], keys_second[:, :, 3])
+
+
+def test_reordered_states_share_the_caches_and_each_branch_steps_as_its_own_replay():
+    """A reorder (beam search's, after every step) copies no cache: it permutes the rows' ancestors, and the keys
+    stay where their step wrote them. Two reorders of one state, each stepped, still give their own replays."""
+    _, copy = pair()
+    batch = random_batch(VOCAB, src_lens=(5, 2), tgt_lens=(4, 4), seed=2)
+    tokens = [batch.tgt_in[:, 0], torch.tensor([5, 6]), torch.tensor([7, 8])]
+    with torch.no_grad():
+        enc = copy.encode(batch.src, batch.src_mask)
+        empty = copy.init_state(enc)
+        first, after_first, _ = copy.step(tokens[0], enc, empty)
+        other, _, _ = copy.step(torch.tensor([3, 4]), enc, empty)  # the empty state stepped again
+        onward, _, _ = copy.step(tokens[1], enc, after_first)  # the first branch is still its own
+        replay = copy.step(tokens[0], enc, copy.init_state(enc))[1]
+        assert not torch.equal(first, other)
+        assert torch.equal(copy.step(tokens[1], enc, replay)[0], onward)
+        state = empty
+        for token in tokens:
+            _, state, _ = copy.step(token, enc, state)
+        swapped, kept = reorder(state, torch.tensor([1, 0])), reorder(state, torch.tensor([0, 0]))
+        swapped_enc, kept_enc = reorder(enc, torch.tensor([1, 0])), reorder(enc, torch.tensor([0, 0]))
+        if "self_anc" in state:  # the native kernels: no cache copied
+            assert swapped["shared_k0"] is state["shared_k0"] and kept["shared_k0"] is state["shared_k0"]
+        a, after_a, _ = copy.step(torch.tensor([9, 10]), swapped_enc, swapped)
+        b, _, _ = copy.step(torch.tensor([11, 12]), kept_enc, kept)
+        a2, _, _ = copy.step(torch.tensor([13, 13]), swapped_enc, after_a)
+        for index, token, got in (
+            (torch.tensor([1, 0]), torch.tensor([9, 10]), a),
+            (torch.tensor([0, 0]), torch.tensor([11, 12]), b),
+        ):
+            e = reorder(enc, index)
+            replay = copy.init_state(e)
+            for t in tokens:
+                _, replay, _ = copy.step(t[index], e, replay)
+            want, replay, _ = copy.step(token, e, replay)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+            if index.tolist() == [1, 0]:
+                want2, _, _ = copy.step(torch.tensor([13, 13]), e, replay)
+                torch.testing.assert_close(a2, want2, rtol=0, atol=1e-6)
 
 
 def test_select_rows_keeps_a_cache_room_and_equals_index_select():

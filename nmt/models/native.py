@@ -169,6 +169,7 @@ static inline __m512 sum16(__m512 *a) {
    accumulators stay in registers (with a variable count GCC keeps them on the stack). */
 static inline __attribute__((always_inline)) void attend_head16(const float *qv, const float *kb, const float *vb,
                                                                 const int64_t blocks, int64_t len, int64_t ks,
+                                                                const int64_t *slots, int64_t slot_stride,
                                                                 const float *bias, float scale, float *s, float *o) {
     {
         __m512 top = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
@@ -177,7 +178,8 @@ static inline __attribute__((always_inline)) void attend_head16(const float *qv,
             __mmask16 live = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
             __m512 acc[16];
             for (int64_t i = 0; i < 16; ++i) {  /* past the last key, the last again (its lanes masked below) */
-                const float *kj = kb + (j0 + (i < n ? i : n - 1)) * ks;
+                int64_t j = j0 + (i < n ? i : n - 1);
+                const float *kj = kb + (slots ? slots[j] * slot_stride : 0) + j * ks;
                 __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qv), _mm512_loadu_ps(kj));
                 for (int64_t c = 1; c < blocks; ++c)
                     a = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * c), _mm512_loadu_ps(kj + 16 * c), a);
@@ -210,7 +212,8 @@ static inline __attribute__((always_inline)) void attend_head16(const float *qv,
         int64_t j = 0;
         for (; j + 2 <= len; j += 2) {
             __m512 w0 = _mm512_set1_ps(s[j]), w1 = _mm512_set1_ps(s[j + 1]);
-            const float *v0 = vb + j * ks, *v1 = v0 + ks;
+            const float *v0 = vb + (slots ? slots[j] * slot_stride : 0) + j * ks;
+            const float *v1 = vb + (slots ? slots[j + 1] * slot_stride : 0) + (j + 1) * ks;
             for (int64_t c = 0; c < blocks; ++c) {
                 even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * c), even[c]);
                 odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 16 * c), odd[c]);
@@ -218,8 +221,8 @@ static inline __attribute__((always_inline)) void attend_head16(const float *qv,
         }
         if (j < len) {
             __m512 w0 = _mm512_set1_ps(s[j]);
-            for (int64_t c = 0; c < blocks; ++c)
-                even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(vb + j * ks + 16 * c), even[c]);
+            const float *v0 = vb + (slots ? slots[j] * slot_stride : 0) + j * ks;
+            for (int64_t c = 0; c < blocks; ++c) even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * c), even[c]);
         }
         for (int64_t c = 0; c < blocks; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_add_ps(even[c], odd[c]));
     }
@@ -227,23 +230,23 @@ static inline __attribute__((always_inline)) void attend_head16(const float *qv,
 #endif
 
 static void attend_head(const float *qv, const float *kb, const float *vb, int64_t dim, int64_t len, int64_t ks,
-                        const float *bias, float scale, float *s, float *o) {
+                        const int64_t *slots, int64_t slot_stride, const float *bias, float scale, float *s, float *o) {
 #ifdef __AVX512F__
     switch (dim) {
-    case 64: attend_head16(qv, kb, vb, 4, len, ks, bias, scale, s, o); return;
-    case 32: attend_head16(qv, kb, vb, 2, len, ks, bias, scale, s, o); return;
-    case 128: attend_head16(qv, kb, vb, 8, len, ks, bias, scale, s, o); return;
-    case 16: attend_head16(qv, kb, vb, 1, len, ks, bias, scale, s, o); return;
+    case 64: attend_head16(qv, kb, vb, 4, len, ks, slots, slot_stride, bias, scale, s, o); return;
+    case 32: attend_head16(qv, kb, vb, 2, len, ks, slots, slot_stride, bias, scale, s, o); return;
+    case 128: attend_head16(qv, kb, vb, 8, len, ks, slots, slot_stride, bias, scale, s, o); return;
+    case 16: attend_head16(qv, kb, vb, 1, len, ks, slots, slot_stride, bias, scale, s, o); return;
     default:
         if (dim % 16 == 0 && dim <= 256) {
-            attend_head16(qv, kb, vb, dim / 16, len, ks, bias, scale, s, o);
+            attend_head16(qv, kb, vb, dim / 16, len, ks, slots, slot_stride, bias, scale, s, o);
             return;
         }
     }
 #endif
     float m = -INFINITY;
     for (int64_t j = 0; j < len; ++j) {
-        float x = dot(qv, kb + j * ks, dim) * scale;
+        float x = dot(qv, kb + (slots ? slots[j] * slot_stride : 0) + j * ks, dim) * scale;
         if (bias) x += bias[j];
         s[j] = x;
         m = x > m ? x : m;
@@ -257,8 +260,10 @@ static void attend_head(const float *qv, const float *kb, const float *vb, int64
     float inv = 1.0f / total;
     for (int64_t j = 0; j < len; ++j) s[j] *= inv;
     for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
-    for (int64_t j = 0; j < len; ++j)
-        for (int64_t d = 0; d < dim; ++d) o[d] += s[j] * vb[j * ks + d];
+    for (int64_t j = 0; j < len; ++j) {
+        const float *vj = vb + (slots ? slots[j] * slot_stride : 0) + j * ks;
+        for (int64_t d = 0; d < dim; ++d) o[d] += s[j] * vj[d];
+    }
 }
 
 void attend(const float *q, int64_t rows, int64_t heads, int64_t dim, int64_t q_stride, int64_t group,
@@ -272,17 +277,19 @@ void attend(const float *q, int64_t rows, int64_t heads, int64_t dim, int64_t q_
         for (int64_t n = 0; n < heads; ++n) {
             float *s = weights ? weights + (r * heads + n) * len : scratch;
             attend_head(q + r * q_stride + n * dim, k + b * kv_stride + n * head_stride,
-                        v + b * kv_stride + n * head_stride, dim, len, key_stride, bias ? bias + b * bias_stride : 0,
-                        scale, s, out + (r * heads + n) * dim);
+                        v + b * kv_stride + n * head_stride, dim, len, key_stride, 0, 0,
+                        bias ? bias + b * bias_stride : 0, scale, s, out + (r * heads + n) * dim);
         }
     }
 }
 
 /* A decoder step's self-attention: qkv (R, 3, N, dim) rows of the fused projection (q_stride apart); its key and
-   value are written at position t of the caches (R, N, room, dim) (row_stride, head_stride apart), then its query
-   attends over positions 0..t (as `attend`). */
+   value are written at position t of slot r of the caches (slots, N, room, dim) (row_stride, head_stride apart),
+   then its query attends over positions 0..t: position j of slot anc[r * anc_stride + j] (the row's ancestor at
+   step j: the caches are never reordered, see TransformerDecoder.step), or of slot r where anc is NULL. */
 void self_attend(const float *qkv, int64_t rows, int64_t heads, int64_t dim, int64_t q_stride, float *k, float *v,
-                 int64_t row_stride, int64_t head_stride, int64_t t, float scale, float *out) {
+                 int64_t row_stride, int64_t head_stride, int64_t t, float scale, float *out, const int64_t *anc,
+                 int64_t anc_stride) {
     int64_t width = heads * dim;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t n = 0; n < heads; ++n) {
@@ -294,7 +301,15 @@ void self_attend(const float *qkv, int64_t rows, int64_t heads, int64_t dim, int
                 vd[d] = src[2 * width + d];
             }
         }
-    attend(qkv, rows, heads, dim, q_stride, 1, k, v, row_stride, head_stride, dim, t + 1, 0, 0, scale, out, 0);
+#pragma omp parallel for schedule(static) if (rows * heads * (t + 1) * dim >= (1 << 18))
+    for (int64_t r = 0; r < rows; ++r) {
+        float scratch[t + 1];
+        const int64_t *slots = anc ? anc + r * anc_stride : 0;
+        int64_t base = anc ? 0 : r * row_stride;
+        for (int64_t n = 0; n < heads; ++n)
+            attend_head(qkv + r * q_stride + n * dim, k + base + n * head_stride, v + base + n * head_stride, dim,
+                        t + 1, dim, slots, row_stride, 0, scale, scratch, out + (r * heads + n) * dim);
+    }
 }
 
 /* q (R, I) int8 and scale (R,) of x (R, I) fp32, as torch's
@@ -722,7 +737,7 @@ static void linear8(const void *layer, int which, const float *x, int64_t rows, 
 static void layer_body(const LayerHead *L, LayerLinear linear, const void *layer, float *x, int64_t rows,
                        float *keys, float *values, int64_t row_stride, int64_t head_stride, int64_t t,
                        const float *ck, const float *cv, int64_t width, const float *cbias, int64_t sentences,
-                       float *weights, float *scratch) {
+                       float *weights, float *scratch, const int64_t *anc, int64_t anc_stride) {
     int64_t H = L->dim, N = L->heads, D = L->head_dim, group = rows / sentences;
     float *h = scratch, *att = h + rows * H, *tmp = att + rows * H, *big = tmp + rows * H;
     for (int block = 0; block < 3; ++block) {
@@ -733,7 +748,8 @@ static void layer_body(const LayerHead *L, LayerLinear linear, const void *layer
         }
         if (block == 0) {
             linear(layer, 0, in, rows, big, 0, 0, tmp);
-            self_attend(big, rows, N, D, 3 * H, keys, values, row_stride, head_stride, t, L->self_scale, att);
+            self_attend(big, rows, N, D, 3 * H, keys, values, row_stride, head_stride, t, L->self_scale, att, anc,
+                        anc_stride);
             linear(layer, 1, att, rows, x, 0, 1, tmp);
         } else if (block == 1) {
             linear(layer, 2, in, rows, big, 0, 0, tmp);
@@ -750,22 +766,22 @@ static void layer_body(const LayerHead *L, LayerLinear linear, const void *layer
 
 void layer_step32(const Layer32 *L, float *x, int64_t rows, float *keys, float *values, int64_t row_stride,
                   int64_t head_stride, int64_t t, const float *ck, const float *cv, int64_t width, const float *cbias,
-                  int64_t sentences, float *weights, float *scratch) {
+                  int64_t sentences, float *weights, float *scratch, const int64_t *anc, int64_t anc_stride) {
     layer_body(&L->head, linear32, L, x, rows, keys, values, row_stride, head_stride, t, ck, cv, width, cbias,
-               sentences, weights, scratch);
+               sentences, weights, scratch, anc, anc_stride);
 }
 
 /* layer_body for an int8 decoding copy; returns 0 (doing nothing) where this build has no VNNI. */
 int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *values, int64_t row_stride,
                int64_t head_stride, int64_t t, const float *ck, const float *cv, int64_t width, const float *cbias,
-               int64_t sentences, float *weights, float *scratch) {
+               int64_t sentences, float *weights, float *scratch, const int64_t *anc, int64_t anc_stride) {
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
     layer_body(&L->head, linear8, L, x, rows, keys, values, row_stride, head_stride, t, ck, cv, width, cbias,
-               sentences, weights, scratch);
+               sentences, weights, scratch, anc, anc_stride);
     return 1;
 #else
     (void)L; (void)x; (void)rows; (void)keys; (void)values; (void)row_stride; (void)head_stride; (void)t; (void)ck;
-    (void)cv; (void)width; (void)cbias; (void)sentences; (void)weights; (void)scratch;
+    (void)cv; (void)width; (void)cbias; (void)sentences; (void)weights; (void)scratch; (void)anc; (void)anc_stride;
     return 0;
 #endif
 }
@@ -916,10 +932,10 @@ SIGNATURES = {
     "has_amx": [],
     "log_softmax_topk": [_P, _I64, _I64, _I64, _P, _I64, _P, _P],
     "row_argmax": [_P, _I64, _I64, _P],
-    "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
-    "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P],
+    "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64],
+    "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64],
     "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P],
-    "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P],
+    "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P, _P, _I64],
 }
 
 
@@ -1041,14 +1057,19 @@ def unit_rows_pinned(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, scale
 
 
-def self_attend(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, t: int, scale: float) -> torch.Tensor:
-    """A decoder step's self-attention: qkv (R, 3H) [Q; K; V] rows; K and V written at position t of the caches
-    (R, N, >= t + 1, D) (views of buffers, last two dims contiguous), Q attending over positions 0..t -> (R, H)."""
-    rows, heads, dim = keys.size(0), keys.size(1), keys.size(3)
+def self_attend(
+    qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, t: int, scale: float, anc: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A decoder step's self-attention: qkv (R, 3H) [Q; K; V] rows; row r's K and V written at position t of slot r
+    of the caches (>= R, N, >= t + 1, D) (views of buffers, last two dims contiguous), Q attending over positions
+    0..t of slot r, or with anc (R, t + 1) int64 contiguous (anc[:, t] = 0..R-1), position j of slot anc[r, j]
+    -> (R, H)."""
+    rows, heads, dim = qkv.size(0), keys.size(1), keys.size(3)
     out = torch.empty((rows, heads * dim), dtype=torch.float32)
     library().self_attend(
         qkv.data_ptr(), rows, heads, dim, qkv.stride(0), keys.data_ptr(), values.data_ptr(),
-        keys.stride(0), keys.stride(1), t, scale, out.data_ptr(),
+        keys.stride(0), keys.stride(1), t, scale, out.data_ptr(), None if anc is None else anc.data_ptr(),
+        0 if anc is None else anc.stride(0),
     )  # fmt: skip
     return out
 
@@ -1231,8 +1252,10 @@ def layer_step(
     cross_v: torch.Tensor,
     cross_bias: torch.Tensor,
     need_weights: bool,
+    anc: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """DecoderLayer.step_one in one call (`layer8`): x (R, 1, H) -> (R, 1, H), cross weights (B, N, R // B, W)."""
+    """DecoderLayer.step_one in one call (`layer8`): x (R, 1, H) -> (R, 1, H), cross weights (B, N, R // B, W);
+    the caches and anc as in `self_attend`."""
     struct = made[0]
     rows, dim = x.size(0), struct.dim
     sentences, heads, width, _ = cross_k.shape
@@ -1244,7 +1267,8 @@ def layer_step(
     step(
         ctypes.byref(struct), out.data_ptr(), rows, keys.data_ptr(), values.data_ptr(), keys.stride(0),
         keys.stride(1), t, cross_k.data_ptr(), cross_v.data_ptr(), width, cross_bias.data_ptr(), sentences,
-        None if weights is None else weights.data_ptr(), scratch.data_ptr(),
+        None if weights is None else weights.data_ptr(), scratch.data_ptr(), None if anc is None else anc.data_ptr(),
+        0 if anc is None else anc.stride(0),
     )  # fmt: skip
     if weights is not None:
         weights = weights.view(sentences, rows // sentences, heads, width).transpose(1, 2)

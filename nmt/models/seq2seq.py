@@ -45,8 +45,15 @@ def by_sentence(rows: torch.Tensor, sentences: int) -> torch.Tensor:
 
 
 def reorder(tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Select rows (dim 0) of every tensor: beam reordering, tiling, or dropping finished sentences."""
-    return {key: select_rows(value, index) for key, value in tensors.items()}
+    """Select rows (dim 0) of every tensor: beam reordering, tiling, or dropping finished sentences. Entries named
+    "shared_*" (after any "m." prefix of an ensemble) are not per row, and pass through: buffers that per-row
+    entries index into (a Transformer decoding copy's caches, `TransformerDecoder._shared`)."""
+    return {key: value if shared(key) else select_rows(value, index) for key, value in tensors.items()}
+
+
+def shared(key: str) -> bool:
+    """Whether a state or encoder-output entry is shared by all rows rather than one row per dim-0 index."""
+    return key.rpartition(".")[2].startswith("shared_")
 
 
 def room(x: torch.Tensor) -> int:

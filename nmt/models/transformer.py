@@ -356,9 +356,12 @@ class DecoderLayer(nn.Module):
         cross_kv: tuple[torch.Tensor, torch.Tensor],
         cross_bias: torch.Tensor,
         need_weights: bool,
+        anc: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`step` for one position per row in a decoding copy: x (R, 1, H); the row's key and value are written
-        at position t of the caches (R, N, >= t + 1, D), whose first t positions hold the earlier ones. The
+        at position t of the caches (R, N, >= t + 1, D), whose first t positions hold the earlier ones; with anc
+        (R, t + 1) int64 (the native kernels only), row r's are written at position t of slot r of the caches
+        (>= R, N, >= t + 1, D) and position j is read from slot anc[r, j] (`TransformerDecoder._shared`). The
         cross-attention keys/values (B, N, W, D) are padded to W >= SHORT positions, and cross_bias (B, 1, 1, W)
         is 0 where a key may be attended and -inf elsewhere (source padding, the positions added). The same
         numbers as `step` (masked_fill and the short rows' padding are the same -inf), fewer operations: no
@@ -381,14 +384,17 @@ class DecoderLayer(nn.Module):
                 made = None
             made = made or native.layer32(self)  # fp32 on MKL's packed products
             if made is not None:
-                return native.layer_step(made, x, keys, values, t, *cross_kv, cross_bias, need_weights)
+                return native.layer_step(made, x, keys, values, t, *cross_kv, cross_bias, need_weights, anc)
 
         def self_block(h: torch.Tensor) -> torch.Tensor:
             att = self.self_attn
             qkv = att.qkv_proj(h)  # (R, 1, 3H)
             if fused and qkv.is_contiguous() and keys.stride(3) == 1 and keys.stride(2) == att.head_dim:
                 scale = 1.0 if att.prescaled else att.scale
-                return att.out_proj(native.self_attend(qkv.view(rows, -1), keys, values, t, scale).view(rows, 1, -1))
+                out = native.self_attend(qkv.view(rows, -1), keys, values, t, scale, anc)
+                return att.out_proj(out.view(rows, 1, -1))
+            if anc is not None:
+                raise RuntimeError("caches indexed by ancestors need the native kernels")
             q, k, v = qkv.view(rows, 3, att.heads, att.head_dim).unbind(1)  # (R, N, D) each
             keys[:, :, t] = k
             values[:, :, t] = v
@@ -562,6 +568,64 @@ class TransformerDecoder(nn.Module):
         grown["self_end"] = torch.full((rows,), t, dtype=torch.long, device=like.device)
         return grown
 
+    def _shared(self, state: State, t: int, rows: int) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """For a step of `rows` rows at position t on the native kernels: the rows' ancestors (R, t) int64, the
+        caches' buffers [k0, v0, k1, v1, ...] (slots >= rows, N, room > t, D) and "shared_end" (1,), the positions
+        of those buffers written.
+
+        Beam search reorders the state after every step, and copying every layer's cache to follow the beams was
+        the largest memory traffic of a step. Instead the buffers are shared, never reordered (`reorder` passes
+        "shared_" entries through): position j of slot s holds the keys that row s of step j wrote, and
+        "self_anc" (R, t), which is reordered, says which slot holds each position of a row's history. A step
+        writes row r's keys at position t of slot r. It does so in place when the buffers are this state's latest
+        (shared_end == t: no other state has written position t), have room, and have a slot for every row;
+        otherwise positions 0..t-1 are copied into new buffers first (anc stays valid: slots keep their index).
+        A state with per-row caches (`init_state`, a prefix's `prefill`) becomes this with anc[r, j] = r."""
+        if "self_anc" in state:
+            anc, end = state["self_anc"], state["shared_end"]
+            buffers = [state[f"shared_{kv}{i}"] for i in range(len(self.layers)) for kv in "kv"]
+            if int(end) == t and buffers[0].size(0) >= rows and buffers[0].size(2) > t:
+                return anc, buffers, end
+        else:
+            keys = state["self_k0"]
+            anc = torch.arange(keys.size(0), device=keys.device)[:, None].expand(-1, t).contiguous()
+            if self._writable(state, t) and keys.size(0) >= rows:  # views of buffers with room: used as they are
+                whole = (keys.size(0), keys.size(1), room(keys), keys.size(3))
+                buffers = [
+                    state[f"self_{kv}{i}"].as_strided(whole, keys.stride())
+                    for i in range(len(self.layers))
+                    for kv in "kv"
+                ]
+                return anc, buffers, state["self_end"][:1]  # a view: this state's own marker moves on too
+            buffers = [state[f"self_{kv}{i}"] for i in range(len(self.layers)) for kv in "kv"]
+        slots, heads, _, dim = buffers[0].shape
+        slots = max(slots, rows)
+        positions = buffers[0].size(2) if buffers[0].size(2) > t else t + max(ROOM, t // 2)
+        grown = []
+        for old in buffers:
+            new = old.new_empty(slots, heads, positions, dim)
+            new[: old.size(0), :, :t] = old[:, :, :t]
+            grown.append(new)
+        return anc, grown, torch.full((1,), t, dtype=torch.long, device=anc.device)
+
+    def caches(self, state: State) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's self-attention keys and values per row (R, N, t, D), whichever form the state holds."""
+        if "self_anc" not in state:
+            return [(state[f"self_k{i}"], state[f"self_v{i}"]) for i in range(len(self.layers))]
+        anc = state["self_anc"]  # (R, t)
+        positions = torch.arange(anc.size(1), device=anc.device)
+        return [
+            tuple(state[f"shared_{kv}{i}"][anc, :, positions].transpose(1, 2) for kv in "kv")  # (R, N, t, D)
+            for i in range(len(self.layers))
+        ]
+
+    def _per_row(self, state: State) -> State:
+        """A state of shared caches (`_shared`) as per-row caches "self_k{i}", "self_v{i}" (R, N, t, D)."""
+        per_row: State = {}
+        for i, (k, v) in enumerate(self.caches(state)):
+            per_row[f"self_k{i}"], per_row[f"self_v{i}"] = k, v
+        return per_row
+
     def _writable(self, state: State, t: int) -> bool:
         """Whether a step may write position t of `state`'s cache buffers in place (see `_grown`)."""
         end = state.get("self_end")
@@ -580,26 +644,42 @@ class TransformerDecoder(nn.Module):
     ) -> tuple[torch.Tensor, State, torch.Tensor]:
         """P tokens per row in one pass (a target prefix; P = 1 is `step`): tokens (R, P) -> logits (R, P, V), the
         state after them, attention (R, P, S) (last layer, mean over heads), as teacher forcing computes them."""
-        t = state["self_k0"].size(2)
+        t = state["self_anc"].size(1) if "self_anc" in state else state["self_k0"].size(2)
         rows, positions = tokens.shape
         x = self.embed(tokens, offset=t)  # (R, P, H)
         width = enc["src_mask"].size(1)  # S
         new_state: State = {}
         weights = None
         if positions == 1 and self.decoding and not self.training:  # step_one: no attention dropout
-            if not self._writable(state, t):
-                state = self._grown(state["self_k0"], state, t)
             last = len(self.layers) - 1
-            for i, layer in enumerate(self.layers):
-                k_name, v_name, ck_name, cv_name = state_names(i)
-                keys, values = state[k_name], state[v_name]
-                shape = (keys.size(0), keys.size(1), t + 1, keys.size(3))
-                buffers = (keys.as_strided(shape, keys.stride()), values.as_strided(shape, values.stride()))
-                cross = (enc[ck_name], enc[cv_name])
-                x, weights = layer.step_one(x, buffers, t, cross, enc["cross_bias"], i == last)
-                new_state[k_name], new_state[v_name] = buffers
-            new_state["self_end"] = state["self_end"].fill_(t + 1)
+            if native.usable(x, enc["cross_k0"], enc["cross_bias"]):  # caches never reordered (`_shared`)
+                anc, buffers, end = self._shared(state, t, rows)
+                anc = torch.cat([anc, torch.arange(rows, device=anc.device)[:, None]], 1)  # (R, t + 1)
+                for i, layer in enumerate(self.layers):
+                    k_name, v_name, ck_name, cv_name = state_names(i)
+                    new_state[f"shared_k{i}"], new_state[f"shared_v{i}"] = buffers[2 * i], buffers[2 * i + 1]
+                    cross = (enc[ck_name], enc[cv_name])
+                    x, weights = layer.step_one(
+                        x, (buffers[2 * i], buffers[2 * i + 1]), t, cross, enc["cross_bias"], i == last, anc
+                    )
+                new_state["self_anc"], new_state["shared_end"] = anc, end.fill_(t + 1)
+            else:
+                if "self_anc" in state:
+                    state = self._per_row(state)
+                if not self._writable(state, t):
+                    state = self._grown(state["self_k0"], state, t)
+                for i, layer in enumerate(self.layers):
+                    k_name, v_name, ck_name, cv_name = state_names(i)
+                    keys, values = state[k_name], state[v_name]
+                    shape = (keys.size(0), keys.size(1), t + 1, keys.size(3))
+                    buffers = (keys.as_strided(shape, keys.stride()), values.as_strided(shape, values.stride()))
+                    cross = (enc[ck_name], enc[cv_name])
+                    x, weights = layer.step_one(x, buffers, t, cross, enc["cross_bias"], i == last)
+                    new_state[k_name], new_state[v_name] = buffers
+                new_state["self_end"] = state["self_end"].fill_(t + 1)
         else:
+            if "self_anc" in state:
+                state = self._per_row(state)
             src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
             for i, layer in enumerate(self.layers):
                 cache = (state[f"self_k{i}"], state[f"self_v{i}"])
