@@ -268,16 +268,17 @@ static void attend_head(const float *qv, const float *kb, const float *vb, int64
 
 void attend(const float *q, int64_t rows, int64_t heads, int64_t dim, int64_t q_stride, int64_t group,
             const float *k, const float *v, int64_t kv_stride, int64_t head_stride, int64_t key_stride, int64_t len,
-            const float *bias, int64_t bias_stride, float scale, float *out, float *weights) {
-    /* the (row, head) pairs shared among torch's threads where there is enough work (each computed as by one) */
+            const float *bias, int64_t bias_stride, float scale, float *out, float *weights, const int64_t *kv_slots) {
+    /* the (row, head) pairs shared among torch's threads where there is enough work (each computed as by one);
+       with kv_slots, kv-row b's keys and values are those at index kv_slots[b] (bias stays at b) */
 #pragma omp parallel for schedule(static) if (rows * heads * len * dim >= (1 << 18))
     for (int64_t r = 0; r < rows; ++r) {
         float scratch[len];
-        int64_t b = r / group;
+        int64_t b = r / group, kb = kv_slots ? kv_slots[b] : b;
         for (int64_t n = 0; n < heads; ++n) {
             float *s = weights ? weights + (r * heads + n) * len : scratch;
-            attend_head(q + r * q_stride + n * dim, k + b * kv_stride + n * head_stride,
-                        v + b * kv_stride + n * head_stride, dim, len, key_stride, 0, 0,
+            attend_head(q + r * q_stride + n * dim, k + kb * kv_stride + n * head_stride,
+                        v + kb * kv_stride + n * head_stride, dim, len, key_stride, 0, 0,
                         bias ? bias + b * bias_stride : 0, scale, s, out + (r * heads + n) * dim);
         }
     }
@@ -737,7 +738,8 @@ static void linear8(const void *layer, int which, const float *x, int64_t rows, 
 static void layer_body(const LayerHead *L, LayerLinear linear, const void *layer, float *x, int64_t rows,
                        float *keys, float *values, int64_t row_stride, int64_t head_stride, int64_t t,
                        const float *ck, const float *cv, int64_t width, const float *cbias, int64_t sentences,
-                       float *weights, float *scratch, const int64_t *anc, int64_t anc_stride) {
+                       float *weights, float *scratch, const int64_t *anc, int64_t anc_stride,
+                       const int64_t *cslots) {
     int64_t H = L->dim, N = L->heads, D = L->head_dim, group = rows / sentences;
     float *h = scratch, *att = h + rows * H, *tmp = att + rows * H, *big = tmp + rows * H;
     for (int block = 0; block < 3; ++block) {
@@ -754,7 +756,7 @@ static void layer_body(const LayerHead *L, LayerLinear linear, const void *layer
         } else if (block == 1) {
             linear(layer, 2, in, rows, big, 0, 0, tmp);
             attend(big, rows, N, D, H, group, ck, cv, N * width * D, width * D, D, width, cbias, width,
-                   L->cross_scale, att, weights);
+                   L->cross_scale, att, weights, cslots);
             linear(layer, 3, att, rows, x, 0, 1, tmp);
         } else {
             linear(layer, 4, in, rows, big, 1, 0, tmp);
@@ -766,22 +768,25 @@ static void layer_body(const LayerHead *L, LayerLinear linear, const void *layer
 
 void layer_step32(const Layer32 *L, float *x, int64_t rows, float *keys, float *values, int64_t row_stride,
                   int64_t head_stride, int64_t t, const float *ck, const float *cv, int64_t width, const float *cbias,
-                  int64_t sentences, float *weights, float *scratch, const int64_t *anc, int64_t anc_stride) {
+                  int64_t sentences, float *weights, float *scratch, const int64_t *anc, int64_t anc_stride,
+                  const int64_t *cslots) {
     layer_body(&L->head, linear32, L, x, rows, keys, values, row_stride, head_stride, t, ck, cv, width, cbias,
-               sentences, weights, scratch, anc, anc_stride);
+               sentences, weights, scratch, anc, anc_stride, cslots);
 }
 
 /* layer_body for an int8 decoding copy; returns 0 (doing nothing) where this build has no VNNI. */
 int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *values, int64_t row_stride,
                int64_t head_stride, int64_t t, const float *ck, const float *cv, int64_t width, const float *cbias,
-               int64_t sentences, float *weights, float *scratch, const int64_t *anc, int64_t anc_stride) {
+               int64_t sentences, float *weights, float *scratch, const int64_t *anc, int64_t anc_stride,
+               const int64_t *cslots) {
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
     layer_body(&L->head, linear8, L, x, rows, keys, values, row_stride, head_stride, t, ck, cv, width, cbias,
-               sentences, weights, scratch, anc, anc_stride);
+               sentences, weights, scratch, anc, anc_stride, cslots);
     return 1;
 #else
     (void)L; (void)x; (void)rows; (void)keys; (void)values; (void)row_stride; (void)head_stride; (void)t; (void)ck;
     (void)cv; (void)width; (void)cbias; (void)sentences; (void)weights; (void)scratch; (void)anc; (void)anc_stride;
+    (void)cslots;
     return 0;
 #endif
 }
@@ -932,9 +937,9 @@ SIGNATURES = {
     "has_amx": [],
     "log_softmax_topk": [_P, _I64, _I64, _I64, _P, _I64, _P, _P],
     "row_argmax": [_P, _I64, _I64, _P],
-    "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64],
-    "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64],
-    "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P],
+    "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P],
+    "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P],
+    "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P, _P],
     "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P, _P, _I64],
 }
 
@@ -1075,14 +1080,22 @@ def self_attend(
 
 
 def attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float, need_weights: bool
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    need_weights: bool,
+    slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cross-attention of a step: q (R, H), a sentence's R // B rows together, over its keys/values (B, N, W, D)
     (each key's D floats contiguous, keys and values strided alike: contiguous tensors, or views of one fused
     projection's output), bias (B, 1, 1, W) contiguous added to the scores -> (R, H) and, if asked, the weights
-    (B, N, R // B, W)."""
+    (B, N, R // B, W). With slots (B,) int64 contiguous, sentence b's keys and values are those at index slots[b]
+    of keys and values (B' >= B of them; bias stays one per sentence)."""
     rows = q.size(0)
     sentences, heads, width, dim = keys.shape
+    sentences = sentences if slots is None else slots.numel()
     if keys.stride(3) != 1 or keys.stride() != values.stride():
         raise ValueError("attend: keys and values need the same strides, each key's floats contiguous")
     out = torch.empty((rows, heads * dim), dtype=torch.float32)
@@ -1090,7 +1103,7 @@ def attend(
     library().attend(
         q.data_ptr(), rows, heads, dim, q.stride(0), rows // sentences, keys.data_ptr(), values.data_ptr(),
         *keys.stride()[:3], width, bias.data_ptr(), width, scale, out.data_ptr(),
-        None if weights is None else weights.data_ptr(),
+        None if weights is None else weights.data_ptr(), None if slots is None else slots.data_ptr(),
     )  # fmt: skip
     if weights is not None:
         weights = weights.view(sentences, rows // sentences, heads, width).transpose(1, 2)
@@ -1253,12 +1266,14 @@ def layer_step(
     cross_bias: torch.Tensor,
     need_weights: bool,
     anc: torch.Tensor | None = None,
+    cross_slots: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """DecoderLayer.step_one in one call (`layer8`): x (R, 1, H) -> (R, 1, H), cross weights (B, N, R // B, W);
-    the caches and anc as in `self_attend`."""
+    the caches and anc as in `self_attend`, the cross-attention's keys and values as in `attend`."""
     struct = made[0]
     rows, dim = x.size(0), struct.dim
     sentences, heads, width, _ = cross_k.shape
+    sentences = sentences if cross_slots is None else cross_slots.numel()
     out = x.reshape(rows, dim).clone()
     ffn = struct.ffn_in.out
     scratch = torch.empty(rows * (3 * dim + max(3 * dim, ffn)), dtype=torch.float32)
@@ -1268,7 +1283,7 @@ def layer_step(
         ctypes.byref(struct), out.data_ptr(), rows, keys.data_ptr(), values.data_ptr(), keys.stride(0),
         keys.stride(1), t, cross_k.data_ptr(), cross_v.data_ptr(), width, cross_bias.data_ptr(), sentences,
         None if weights is None else weights.data_ptr(), scratch.data_ptr(), None if anc is None else anc.data_ptr(),
-        0 if anc is None else anc.stride(0),
+        0 if anc is None else anc.stride(0), None if cross_slots is None else cross_slots.data_ptr(),
     )  # fmt: skip
     if weights is not None:
         weights = weights.view(sentences, rows // sentences, heads, width).transpose(1, 2)

@@ -357,11 +357,14 @@ class DecoderLayer(nn.Module):
         cross_bias: torch.Tensor,
         need_weights: bool,
         anc: torch.Tensor | None = None,
+        cross_slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`step` for one position per row in a decoding copy: x (R, 1, H); the row's key and value are written
         at position t of the caches (R, N, >= t + 1, D), whose first t positions hold the earlier ones; with anc
         (R, t + 1) int64 (the native kernels only), row r's are written at position t of slot r of the caches
-        (>= R, N, >= t + 1, D) and position j is read from slot anc[r, j] (`TransformerDecoder._shared`). The
+        (>= R, N, >= t + 1, D) and position j is read from slot anc[r, j] (`TransformerDecoder._shared`); with
+        cross_slots (B,) int64 (the native kernels only), sentence b's cross-attention keys and values are those at
+        index cross_slots[b] (`TransformerDecoder.prepare`). The
         cross-attention keys/values (B, N, W, D) are padded to W >= SHORT positions, and cross_bias (B, 1, 1, W)
         is 0 where a key may be attended and -inf elsewhere (source padding, the positions added). The same
         numbers as `step` (masked_fill and the short rows' padding are the same -inf), fewer operations: no
@@ -384,7 +387,9 @@ class DecoderLayer(nn.Module):
                 made = None
             made = made or native.layer32(self)  # fp32 on MKL's packed products
             if made is not None:
-                return native.layer_step(made, x, keys, values, t, *cross_kv, cross_bias, need_weights, anc)
+                return native.layer_step(
+                    made, x, keys, values, t, *cross_kv, cross_bias, need_weights, anc, cross_slots
+                )
 
         def self_block(h: torch.Tensor) -> torch.Tensor:
             att = self.self_attn
@@ -409,9 +414,12 @@ class DecoderLayer(nn.Module):
             sentences = k.size(0)
             if fused:
                 scale = 1.0 if att.prescaled else att.scale
-                out, weights = native.attend(att.q_proj(h).view(rows, -1), k, v, cross_bias, scale, need_weights)
+                q = att.q_proj(h).view(rows, -1)
+                out, weights = native.attend(q, k, v, cross_bias, scale, need_weights, cross_slots)
                 kept.append(weights)
                 return att.out_proj(out.view(rows, 1, -1))
+            if cross_slots is not None:
+                raise RuntimeError("cross-attention keys indexed by slots need the native kernels")
             q = att.q_proj(h).view(sentences, rows // sentences, att.heads, att.head_dim).transpose(1, 2)  # (B,N,G,D)
             scores = q @ k.transpose(-2, -1)  # (B, N, G, W)
             if not att.prescaled:
@@ -478,7 +486,8 @@ class TransformerDecoder(nn.Module):
             self.output.weight = embed.tokens.weight
 
     def _cross_kv(self, enc: Enc) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [layer.cross_attn.keys_values(enc["memory"]) for layer in self.layers]
+        memory = enc["memory"] if "memory" in enc else enc["shared_memory"].index_select(0, enc["cross_slot"])
+        return [layer.cross_attn.keys_values(memory) for layer in self.layers]
 
     def teacher_forced(
         self, tgt_in: torch.Tensor, enc: Enc, attn_layers: range
@@ -520,20 +529,35 @@ class TransformerDecoder(nn.Module):
 
         Stored contiguous, so the steps' products read them in place (a head-split view would be copied at every step).
         A decoding copy (`decoding`) pads them with zeros to at least SHORT positions and adds "cross_bias"
-        (B, 1, 1, W): 0 where a key may be attended, -inf at source padding and the added positions.
+        (B, 1, 1, W): 0 where a key may be attended, -inf at source padding and the added positions. On the
+        native kernels it keeps them, and the memory, as "shared_cross_k{i}", "shared_cross_v{i}",
+        "shared_memory", which `reorder` passes through (sentences leaving the batch copied all of them), with
+        "cross_slot" (B,): the index of each sentence's there (`cross_rows` gives them per sentence).
         """
         prepared = dict(enc)
         src_mask = enc["src_mask"]  # (B, S)
         extra = max(SHORT - src_mask.size(1), 0) if self.decoding else 0
+        shared = self.decoding and native.usable(enc["memory"])
+        name = "shared_cross_" if shared else "cross_"
         for i, (k, v) in enumerate(self._cross_kv(enc)):
             if extra:
                 k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))
-            prepared[f"cross_k{i}"], prepared[f"cross_v{i}"] = k.contiguous(), v.contiguous()
+            prepared[f"{name}k{i}"], prepared[f"{name}v{i}"] = k.contiguous(), v.contiguous()
         if self.decoding:
             allowed = F.pad(src_mask, (0, extra), value=False)[:, None, None, :]  # (B, 1, 1, W)
-            bias = torch.zeros(allowed.shape, dtype=prepared["cross_k0"].dtype, device=src_mask.device)
+            bias = torch.zeros(allowed.shape, dtype=prepared[f"{name}k0"].dtype, device=src_mask.device)
             prepared["cross_bias"] = bias.masked_fill_(~allowed, float("-inf"))
+        if shared:
+            prepared["shared_memory"] = prepared.pop("memory")
+            prepared["cross_slot"] = torch.arange(src_mask.size(0), device=src_mask.device)
         return prepared
+
+    def cross_rows(self, enc: Enc, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s cross-attention keys and values (B, N, W, D), one row per sentence of enc."""
+        if "cross_slot" not in enc:
+            return enc[f"cross_k{layer}"], enc[f"cross_v{layer}"]
+        slots = enc["cross_slot"]
+        return tuple(enc[f"shared_cross_{kv}{layer}"].index_select(0, slots) for kv in "kv")
 
     @property
     def decoding(self) -> bool:
@@ -544,7 +568,8 @@ class TransformerDecoder(nn.Module):
         """Empty self-attention caches "self_k{i}", "self_v{i}" (B, N, 0, D) of the keys' dtype,
         one row per sentence (enc from `prepare`). A decoding copy's are views of buffers with ROOM positions
         allocated, with "self_end" (B,): how many positions of those buffers hold keys (see `_grown`)."""
-        empty = enc["cross_k0"][:, :, :0]
+        keys = enc["shared_cross_k0"] if "cross_slot" in enc else enc["cross_k0"]
+        empty = keys.new_empty(enc["src_mask"].size(0), keys.size(1), 0, keys.size(3))  # (B, N, 0, D)
         if self.decoding:
             return self._grown(empty, {}, 0)
         return {f"self_{kv}{i}": empty for i in range(len(self.layers)) for kv in "kv"}
@@ -652,15 +677,16 @@ class TransformerDecoder(nn.Module):
         weights = None
         if positions == 1 and self.decoding and not self.training:  # step_one: no attention dropout
             last = len(self.layers) - 1
-            if native.usable(x, enc["cross_k0"], enc["cross_bias"]):  # caches never reordered (`_shared`)
+            slots = enc.get("cross_slot")
+            if slots is not None and native.usable(x, enc["cross_bias"]):  # nothing reordered (`_shared`, `prepare`)
                 anc, buffers, end = self._shared(state, t, rows)
                 anc = torch.cat([anc, torch.arange(rows, device=anc.device)[:, None]], 1)  # (R, t + 1)
                 for i, layer in enumerate(self.layers):
                     k_name, v_name, ck_name, cv_name = state_names(i)
                     new_state[f"shared_k{i}"], new_state[f"shared_v{i}"] = buffers[2 * i], buffers[2 * i + 1]
-                    cross = (enc[ck_name], enc[cv_name])
+                    cross = (enc["shared_" + ck_name], enc["shared_" + cv_name])
                     x, weights = layer.step_one(
-                        x, (buffers[2 * i], buffers[2 * i + 1]), t, cross, enc["cross_bias"], i == last, anc
+                        x, (buffers[2 * i], buffers[2 * i + 1]), t, cross, enc["cross_bias"], i == last, anc, slots
                     )
                 new_state["self_anc"], new_state["shared_end"] = anc, end.fill_(t + 1)
             else:
@@ -673,7 +699,7 @@ class TransformerDecoder(nn.Module):
                     keys, values = state[k_name], state[v_name]
                     shape = (keys.size(0), keys.size(1), t + 1, keys.size(3))
                     buffers = (keys.as_strided(shape, keys.stride()), values.as_strided(shape, values.stride()))
-                    cross = (enc[ck_name], enc[cv_name])
+                    cross = self.cross_rows(enc, i)
                     x, weights = layer.step_one(x, buffers, t, cross, enc["cross_bias"], i == last)
                     new_state[k_name], new_state[v_name] = buffers
                 new_state["self_end"] = state["self_end"].fill_(t + 1)
@@ -683,7 +709,7 @@ class TransformerDecoder(nn.Module):
             src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
             for i, layer in enumerate(self.layers):
                 cache = (state[f"self_k{i}"], state[f"self_v{i}"])
-                cross = (enc[f"cross_k{i}"][:, :, :width], enc[f"cross_v{i}"][:, :, :width])
+                cross = tuple(kv[:, :, :width] for kv in self.cross_rows(enc, i))
                 x, (new_state[f"self_k{i}"], new_state[f"self_v{i}"]), weights = layer.step(
                     x, cache, cross, src_mask, i == len(self.layers) - 1
                 )
