@@ -79,6 +79,9 @@ def test_an_int8_linear_gives_the_same_numbers_with_and_without_the_kernels(monk
     fused = [m(x[:n]) for m in (layer, cut) for n in (1, 7, 24, 40)]  # few rows (vnni_linear) and more
     if native.vnni():
         assert cut.native_pack() and cut.native_pack()[0].numel() == 256 * 128
+        # arranged from gathered rows, byte for byte what packing the gathered columns gives
+        columns = torch.nn.functional.pad(cut.weight_t.contiguous(), (0, 28))
+        assert all(torch.equal(a, b) for a, b in zip(cut.native_pack()[:2], native.pack_vnni(columns)))
     monkeypatch.setattr(native, "library", lambda: None)
     plain = [m(x[:n]) for m in (layer, cut) for n in (1, 7, 24, 40)]
     for a, b in zip(fused, plain):
