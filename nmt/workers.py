@@ -7,8 +7,8 @@ engines' "inter_threads" replicas do. The parent reads, tokenizes, sorts and wri
 the batches it hands out, in order of submission, so the output is the same as with one process.
 
 Workers are started with "spawn" (a forked copy of a process that has run OpenMP threads can hang) and
-each loads the checkpoint itself; the pool is ready when all of them have (a worker still loading would take a
-core from the others' first batches: x2 greedy int8 ran at ~1,000 sentences/s in its first pass, ~1,250 after).
+each loads the checkpoint itself; the pool is ready when all of them have (otherwise one worker could take the
+first batches while another is still loading its model on the same cores).
 """
 
 from __future__ import annotations

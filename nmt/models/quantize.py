@@ -221,7 +221,7 @@ class Int8Linear(nn.Module):
     def rows(self, index: torch.Tensor) -> Int8Linear:
         """This layer cut to the output units `index` (a vocabulary shortlist), made for every batch: its weights
         are gathered as rows of an (O, I) copy and arranged for the native kernel from those (gathering ~1,800
-        columns of weight_t (I, O) and arranging them took ~2.4 ms per batch, ~0.4 ms so)."""
+        columns of weight_t (I, O) and arranging them took 2.1 ms per batch on a Zen 4 core, 0.5 ms so)."""
         cut = Int8Linear.__new__(Int8Linear)
         nn.Module.__init__(cut)
         cut.in_features, cut.out_features = self.in_features, index.numel()

@@ -611,17 +611,9 @@ class TransformerDecoder(nn.Module):
             buffers = [state[f"shared_{kv}{i}"] for i in range(len(self.layers)) for kv in "kv"]
             if int(end) == t and buffers[0].size(0) >= rows and buffers[0].size(2) > t:
                 return anc, buffers, end
-        else:
+        else:  # per-row caches: empty (init_state) or a prefix's, copied once into shared buffers
             keys = state["self_k0"]
             anc = torch.arange(keys.size(0), device=keys.device)[:, None].expand(-1, t).contiguous()
-            if self._writable(state, t) and keys.size(0) >= rows:  # views of buffers with room: used as they are
-                whole = (keys.size(0), keys.size(1), room(keys), keys.size(3))
-                buffers = [
-                    state[f"self_{kv}{i}"].as_strided(whole, keys.stride())
-                    for i in range(len(self.layers))
-                    for kv in "kv"
-                ]
-                return anc, buffers, state["self_end"][:1]  # a view: this state's own marker moves on too
             buffers = [state[f"self_{kv}{i}"] for i in range(len(self.layers)) for kv in "kv"]
         slots, heads, _, dim = buffers[0].shape
         slots = max(slots, rows)
