@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.data.tokenizer import EOS, Tokenizer
+from nmt.data.tokenizer import EOS, PAD, Tokenizer
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
 
@@ -111,6 +111,13 @@ class Shortlist:
         self.fixed = sorted(set(range(SPECIALS)) | set(fixed))
         self.by_source = by_source
         self.tgt_vocab = tgt_vocab
+        # by_source as a table (source id, k) of candidate ids, short rows padded with PAD (always a candidate):
+        # a batch's candidates are one gather and a mask over the vocabulary (Python sets cost ~0.5 ms a batch)
+        longest = max((len(ids) for ids in by_source.values()), default=0)
+        self._table = np.full((max(by_source, default=-1) + 1, longest), PAD, dtype=np.int64)
+        for s, ids in by_source.items():
+            self._table[s, : len(ids)] = ids
+        self._fixed = np.asarray(self.fixed, dtype=np.int64)
 
     @classmethod
     def read(cls, path: str, tokenizer: Tokenizer, key: str = "decode.shortlist") -> Shortlist:
@@ -156,12 +163,12 @@ class Shortlist:
     def candidates(self, src_ids: Iterable[Iterable[int]], extra: Iterable[int] = ()) -> list[int]:
         """The sorted candidate ids of a batch: the fixed ones, each source token's, and `extra` (prefix and
         constraint tokens)."""
-        found = set(self.fixed)
-        for sentence in src_ids:
-            for s in sentence:
-                found.update(self.by_source.get(s, ()))
-        found.update(extra)
-        return sorted(found)
+        mark = np.zeros(self.tgt_vocab, dtype=bool)  # (V,)
+        mark[self._fixed] = True
+        ids = np.fromiter((s for sentence in src_ids for s in sentence), dtype=np.int64)
+        mark[self._table[ids[(ids >= 0) & (ids < len(self._table))]]] = True
+        mark[np.fromiter(extra, dtype=np.int64)] = True
+        return np.flatnonzero(mark).tolist()
 
 
 _READ: dict[tuple, Shortlist] = {}
@@ -202,6 +209,7 @@ class Rows(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+        self.out_features = weight.size(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -220,6 +228,13 @@ def outputs_for(model: nn.Module, vocab: torch.Tensor):
     return restrict(inner.decoder.output, vocab)
 
 
+def _layers(output) -> list[nn.Module]:
+    """The cut output layers of `outputs_for` (one, or an ensemble's nested list)."""
+    if isinstance(output, list):
+        return [layer for part in output for layer in _layers(part)]
+    return [output]
+
+
 class Shortlisted(nn.Module):
     """A model whose vocabulary is a batch's candidates: token ids in and out are positions in `vocab` (W,)
     (sorted, SPECIALS first, so PAD/UNK/BOS/EOS keep their ids)."""
@@ -228,8 +243,14 @@ class Shortlisted(nn.Module):
         super().__init__()
         if vocab.numel() < SPECIALS or int(vocab[EOS]) != EOS:
             raise ValueError("a shortlist's candidates must start with the special ids 0..3")
-        self.model, self.vocab = model, vocab
         self.output = outputs_for(model, vocab)
+        # a cut may have more outputs than candidates (an int8 cut has whole blocks of the kernel's), each -inf:
+        # never a token, so mapped to PAD
+        widths = {layer.out_features for layer in _layers(self.output)}
+        if len(widths) != 1:
+            raise ValueError(f"an ensemble's shortlisted output layers have different widths {sorted(widths)}")
+        extra = widths.pop() - vocab.numel()
+        self.model, self.vocab = model, F.pad(vocab, (0, extra), value=PAD) if extra > 0 else vocab
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
         return self.model.encode(src, src_mask)

@@ -74,14 +74,19 @@ def test_vnni_linear_equals_quantize_int_mm_and_scaling_bit_for_bit(rows):
 def test_an_int8_linear_gives_the_same_numbers_with_and_without_the_kernels(monkeypatch):
     torch.manual_seed(0)
     layer = Int8Linear(torch.nn.Linear(256, 768))
-    cut = layer.rows(torch.randperm(768)[:100])  # a shortlist's cut: 100 units, padded to 128 for the kernels
+    index = torch.randperm(768)[:100]
+    cut = layer.rows(index)  # a shortlist's cut: 100 units, padded to 128 for the kernels
     x = torch.randn(40, 256)
     fused = [m(x[:n]) for m in (layer, cut) for n in (1, 7, 24, 40)]  # few rows (vnni_linear) and more
     if native.vnni():
         assert cut.native_pack() and cut.native_pack()[0].numel() == 256 * 128
-        # arranged from gathered rows, byte for byte what packing the gathered columns gives
-        columns = torch.nn.functional.pad(cut.weight_t.contiguous(), (0, 28))
+        # arranged from gathered rows, byte for byte what packing the gathered columns (and zeros) gives
+        assert cut.out_features == 128 and bool((cut.weight_t[:, 100:] == 0).all())
+        columns = cut.weight_t.contiguous()
         assert all(torch.equal(a, b) for a, b in zip(cut.native_pack()[:2], native.pack_vnni(columns)))
+        # the 28 outputs past the cut's units are -inf: no token
+        assert bool((fused[-1][:, 100:] == float("-inf")).all())
+    assert torch.equal(fused[-1][:, :100], fused[3][:, index])  # a unit's result does not depend on the cut
     monkeypatch.setattr(native, "library", lambda: None)
     plain = [m(x[:n]) for m in (layer, cut) for n in (1, 7, 24, 40)]
     for a, b in zip(fused, plain):
@@ -225,6 +230,47 @@ def test_a_whole_layer_in_one_call_steps_as_the_layer_does(precision, monkeypatc
     for (a, attn_a), (b, attn_b) in zip(fused, plain):
         torch.testing.assert_close(a, b, rtol=0, atol=tolerance)
         torch.testing.assert_close(attn_a, attn_b, rtol=0, atol=tolerance)
+
+
+@built
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_whole_decoder_step_in_one_call_equals_its_layers_called_one_by_one(precision, norm, monkeypatch):
+    """native.decoder_step (embedding, every layer, final norm, attention mean) against the same decoding copy
+    calling each layer's kernel from Python: beam search (rows reordered every step) and greedy give the same
+    hypotheses, scores and attention; a token outside the vocabulary is an IndexError, not a read out of bounds."""
+    from nmt.models.transformer import TransformerDecoder
+
+    cfg = ModelConfig(dim=64, layers=2, dropout=0.0, arch="transformer", heads=4, ffn_dim=128, norm=norm)
+    torch.manual_seed(1)
+    model = to_precision(build_model(cfg, 50, 50, joint=True).eval(), precision)
+    batch = random_batch(50, src_lens=(9, 3, 14, 5), tgt_lens=(4,) * 4, seed=6)
+    max_len = torch.full((4,), 20)
+    calls = []
+    real = native.decoder_step
+    monkeypatch.setattr(native, "decoder_step", lambda *a: calls.append(1) or real(*a))
+
+    def searches():
+        with torch.no_grad():
+            greedy = search.greedy_search(model, batch.src, batch.src_mask, max_len)
+            beams = search.beam_search(model, batch.src, batch.src_mask, max_len, 4, nbest=2)
+        return [(h.tokens, h.score, h.attention) for h in greedy + [h for hyps in beams for h in hyps]]
+
+    whole = searches()
+    if not calls:
+        pytest.skip(f"no fused {precision} layers on this machine")
+    monkeypatch.setattr(TransformerDecoder, "_whole_step", lambda *a: None)
+    calls.clear()
+    layers = searches()
+    assert not calls
+    for (tokens, score, attn), (tokens2, score2, attn2) in zip(whole, layers):
+        assert tokens == tokens2
+        assert abs(score - score2) < 1e-4
+        torch.testing.assert_close(attn, attn2, rtol=0, atol=1e-5)
+    monkeypatch.undo()
+    enc = model.encode(batch.src, batch.src_mask)
+    with pytest.raises(IndexError):
+        model.step(torch.tensor([1, 2, 50, 3]), enc, model.init_state(enc))
 
 
 @built

@@ -122,9 +122,9 @@ def test_int8_vocabulary_layer_rows_are_independent_of_their_batch():
     with torch.no_grad():
         got, want = layer(x), linear(x)
         alone = torch.cat([layer(x[i : i + 1]) for i in range(6)])
-        small = layer.rows(torch.arange(300))  # a shortlist's cut: torch._int_mm
-        near = (small(x) - got[:, :300]).norm(dim=-1) / got[:, :300].norm(dim=-1)  # the two int8 paths agree
-        assert small.out_features == 300 and float(near.max()) < 0.02
+        small = layer.rows(torch.arange(300))  # a shortlist's cut (on the native kernel: whole blocks of 64)
+        near = (small(x)[:, :300] - got[:, :300]).norm(dim=-1) / got[:, :300].norm(dim=-1)  # the int8 paths agree
+        assert small.out_features in (300, 320) and float(near.max()) < 0.02
         copy = pickle.loads(pickle.dumps(layer))
         assert copy._packed is None and torch.equal(copy(x), got)
     assert torch.equal(alone, got)

@@ -48,7 +48,10 @@ def test_a_shortlisted_step_is_the_full_step_at_the_candidates(arch, precision):
         for _ in range(3):
             full, full_state, attn = model.step(vocab[prev_local], enc, full_state)
             mine, short_state, attn_short = short.step(prev_local, enc, short_state)
-            torch.testing.assert_close(mine, full[:, vocab], rtol=1e-4, atol=1e-4)
+            # an int8 cut on the native kernel has whole blocks of 64 outputs: the extra ones are -inf, no token
+            assert mine.size(1) == short.vocab.numel() >= len(vocab)
+            assert bool((mine[:, len(vocab) :] == float("-inf")).all())
+            torch.testing.assert_close(mine[:, : len(vocab)], full[:, vocab], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(attn_short, attn)
             prev_local = mine.argmax(-1)
 

@@ -791,6 +791,52 @@ int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *valu
 #endif
 }
 
+/* TransformerDecoder.prefill of one position per row with every layer in one call (`decoder_step`): x (R, H) = each
+   token's embedding row times `scale` plus the position's encoding pe (H,), then each of the n layers (layer_body;
+   linear8's products where int8 is set, else linear32's), then the final norm (norm_w NULL: none), in place. The
+   caches and cross-attention keys/values: one pointer per layer, the rest as layer_step; the last layer's cross
+   weights go to weights (R, N, W) and their mean over heads to attn (R, S), S <= W. Returns 1; 0 where this build
+   has no int8 kernel (doing nothing); -1 for a token outside [0, vocab). */
+int decoder_step(const void *const *layers, int64_t n, int int8, const int64_t *tokens, const float *embed,
+                 int64_t vocab, float scale, const float *pe, float *x, int64_t rows, float *const *keys,
+                 float *const *values, int64_t row_stride, int64_t head_stride, int64_t t, const float *const *ck,
+                 const float *const *cv, int64_t width, const float *cbias, int64_t sentences, float *weights,
+                 float *scratch, const int64_t *anc, int64_t anc_stride, const int64_t *cslots, const float *norm_w,
+                 const float *norm_b, float norm_eps, float *attn, int64_t src_width) {
+    LayerLinear linear = linear32;
+    if (int8) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+        linear = linear8;
+#else
+        return 0;
+#endif
+    }
+    const LayerHead *head = (const LayerHead *)layers[0];  /* the first member of Layer8 and Layer32 */
+    int64_t H = head->dim, N = head->heads;
+    for (int64_t r = 0; r < rows; ++r)
+        if (tokens[r] < 0 || tokens[r] >= vocab) return -1;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *e = embed + tokens[r] * H;
+        float *xr = x + r * H;
+        for (int64_t i = 0; i < H; ++i) xr[i] = e[i] * scale + pe[i];  /* as torch: the product rounded, then the sum */
+    }
+    for (int64_t l = 0; l < n; ++l)
+        layer_body((const LayerHead *)layers[l], linear, layers[l], x, rows, keys[l], values[l], row_stride,
+                   head_stride, t, ck[l], cv[l], width, cbias, sentences, l == n - 1 ? weights : 0, scratch, anc,
+                   anc_stride, cslots);
+    if (norm_w) layer_norm(x, rows, H, norm_w, norm_b, norm_eps, x);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *w = weights + r * N * width;
+        float *a = attn + r * src_width;
+        for (int64_t s = 0; s < src_width; ++s) {
+            float sum = 0.0f;
+            for (int64_t h = 0; h < N; ++h) sum += w[h * width + s];
+            a[s] = sum / (float)N;
+        }
+    }
+    return 1;
+}
+
 /* max x_i over a row (-inf for none; rows without NaN). */
 static float row_max(const float *x, int64_t width) {
     float m = -INFINITY;
@@ -939,6 +985,10 @@ SIGNATURES = {
     "row_argmax": [_P, _I64, _I64, _P],
     "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P],
     "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P],
+    "decoder_step": [
+        _P, _I64, ctypes.c_int, _P, _P, _I64, ctypes.c_float, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64,
+        _P, _I64, _P, _P, _P, _I64, _P, _P, _P, ctypes.c_float, _P, _I64,
+    ],  # fmt: skip
     "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P, _P],
     "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P, _P, _I64],
 }
@@ -1010,7 +1060,7 @@ def library() -> ctypes.CDLL | None:
     for name, args in SIGNATURES.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = (
-            ctypes.c_int if name in ("vnni_linear", "fp32_linear", "layer_step", "has_amx") else None
+            ctypes.c_int if name in ("vnni_linear", "fp32_linear", "layer_step", "decoder_step", "has_amx") else None
         )
     return lib
 
@@ -1288,6 +1338,53 @@ def layer_step(
     if weights is not None:
         weights = weights.view(sentences, rows // sentences, heads, width).transpose(1, 2)
     return out.view(rows, 1, dim), weights
+
+
+def decoder_step(
+    made: list[tuple[Layer8, list]] | list[tuple[Layer32, list]],
+    tokens: torch.Tensor,
+    embed: torch.Tensor,
+    scale: float,
+    pe: torch.Tensor,
+    caches: list[torch.Tensor],
+    t: int,
+    cross: list[torch.Tensor],
+    cross_bias: torch.Tensor,
+    anc: torch.Tensor,
+    cross_slots: torch.Tensor,
+    norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+    src_width: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A decoding copy's TransformerDecoder step in one call: tokens (R,) int64 -> the final norm's output (R, H)
+    and the last layer's cross-attention mean over heads (R, S). made: each layer's `layer8` (all) or `layer32`
+    (all); embed (V, H) and pe (H,): the embedding's weight and position t's encoding, x = embed[token] * scale +
+    pe as Embedding computes it; caches [k0, v0, k1, v1, ...] shared buffers as `layer_step` takes them, with anc
+    (R, t + 1); cross [ck0, cv0, ...] (B', N, W, D) contiguous, indexed by cross_slots (B,); norm (weight, bias,
+    eps) or None. None where this build has no int8 kernel."""
+    rows, n = tokens.numel(), len(made)
+    first = made[0][0]
+    dim, heads = first.dim, first.heads
+    width = cross[0].size(2)
+    ffn = max(m[0].ffn_in.out for m in made)
+    x = torch.empty((rows, dim), dtype=torch.float32)
+    scratch = torch.empty(rows * (3 * dim + max(3 * dim, ffn)) + rows * heads * width, dtype=torch.float32)
+    attn = torch.empty((rows, src_width), dtype=torch.float32)
+    pointers = ctypes.c_void_p * n
+    keys, values = caches[0], caches[1]
+    done = library().decoder_step(
+        pointers(*(ctypes.addressof(m[0]) for m in made)), n, int(isinstance(first, Layer8)), tokens.data_ptr(),
+        embed.data_ptr(), embed.size(0), scale, pe.data_ptr(), x.data_ptr(), rows,
+        pointers(*(c.data_ptr() for c in caches[0::2])), pointers(*(c.data_ptr() for c in caches[1::2])),
+        keys.stride(0), keys.stride(1), t, pointers(*(c.data_ptr() for c in cross[0::2])),
+        pointers(*(c.data_ptr() for c in cross[1::2])), width, cross_bias.data_ptr(), cross_slots.numel(),
+        scratch.data_ptr() + rows * (3 * dim + max(3 * dim, ffn)) * 4, scratch.data_ptr(), anc.data_ptr(),
+        anc.stride(0), cross_slots.data_ptr(), *((norm[0].data_ptr(), norm[1].data_ptr()) if norm else (None, None)),
+        norm[2] if norm else 0.0,
+        attn.data_ptr(), src_width,
+    )  # fmt: skip
+    if done < 0:
+        raise IndexError(f"a token outside the target vocabulary [0, {embed.size(0)})")
+    return (x, attn) if done else None
 
 
 class Linear32(ctypes.Structure):

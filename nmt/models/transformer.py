@@ -348,6 +348,14 @@ class DecoderLayer(nn.Module):
         x, weights = self._cross_and_ffn(x, cross_kv, src_mask, need_weights, explicit=True)
         return x, new_cache[0], weights
 
+    def fused(self, rows: int) -> tuple | None:
+        """This layer as native.layer_step takes it for a step of `rows` rows (`native.layer8`, int8: single-threaded
+        products, or with more threads up to FUSED_MAX_ROWS rows; else `native.layer32`, fp32), or None."""
+        made = native.layer8(self)
+        if made is not None and not (rows <= FUSED_MAX_ROWS or torch.get_num_threads() == 1 or native.amx()):
+            made = None
+        return made or native.layer32(self)
+
     def step_one(
         self,
         x: torch.Tensor,
@@ -382,10 +390,7 @@ class DecoderLayer(nn.Module):
             and cross_kv[1].is_contiguous()
         )
         if fused and keys.stride(2) == keys.size(3) and x.is_contiguous():  # the layer in one call
-            made = native.layer8(self)  # int8 (single-threaded products: with more threads, up to FUSED_MAX_ROWS)
-            if made is not None and not (rows <= FUSED_MAX_ROWS or torch.get_num_threads() == 1 or native.amx()):
-                made = None
-            made = made or native.layer32(self)  # fp32 on MKL's packed products
+            made = self.fused(rows)
             if made is not None:
                 return native.layer_step(
                     made, x, keys, values, t, *cross_kv, cross_bias, need_weights, anc, cross_slots
@@ -625,6 +630,47 @@ class TransformerDecoder(nn.Module):
             grown.append(new)
         return anc, grown, torch.full((1,), t, dtype=torch.long, device=anc.device)
 
+    def _whole_step(
+        self, tokens: torch.Tensor, enc: Enc, buffers: list[torch.Tensor], t: int, anc: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`prefill` of one token per row (R,) on shared caches in one native call (`native.decoder_step`): the
+        embedding, every layer's `step_one` and the final norm -> (R, H), and the attention (R, S); None where a
+        part is not the kernels' (then each layer steps on its own). Calling every layer, the norm and the
+        embedding's operators from Python cost ~13% of a greedy int8 step's time at 64 rows (py-spy, Zen 4)."""
+        embed, norm = self.embed, self.final_norm
+        rows = tokens.numel()
+        if t >= embed.positions.size(0) or not embed.tokens.weight.is_contiguous() or tokens.dtype != torch.long:
+            return None
+        tokens = tokens.contiguous()  # (a column of a batch's targets is strided)
+        if isinstance(norm, nn.LayerNorm):
+            if norm.weight is None or norm.bias is None:
+                return None
+            norm_args = (norm.weight, norm.bias, norm.eps)
+        elif isinstance(norm, nn.Identity):
+            norm_args = None
+        else:
+            return None
+        made = [layer.fused(rows) for layer in self.layers]
+        kinds = {type(m[0]) for m in made if m is not None}
+        if not made or None in made or len(kinds) != 1 or buffers[0].stride(2) != buffers[0].size(3):
+            return None
+        cross = [enc[f"shared_cross_{kv}{i}"] for i in range(len(self.layers)) for kv in "kv"]
+        return native.decoder_step(
+            made,
+            tokens,
+            embed.tokens.weight,
+            math.sqrt(embed.dim),
+            embed.positions[t],
+            buffers,
+            t,
+            cross,
+            enc["cross_bias"],
+            anc,
+            enc["cross_slot"],
+            norm_args,
+            width,
+        )
+
     def caches(self, state: State) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's self-attention keys and values per row (R, N, t, D), whichever form the state holds."""
         if "self_anc" not in state:
@@ -663,25 +709,32 @@ class TransformerDecoder(nn.Module):
         state after them, attention (R, P, S) (last layer, mean over heads), as teacher forcing computes them."""
         t = state["self_anc"].size(1) if "self_anc" in state else state["self_k0"].size(2)
         rows, positions = tokens.shape
-        x = self.embed(tokens, offset=t)  # (R, P, H)
         width = enc["src_mask"].size(1)  # S
         new_state: State = {}
         weights = None
         if positions == 1 and self.decoding and not self.training:  # step_one: no attention dropout
             last = len(self.layers) - 1
             slots = enc.get("cross_slot")
-            if slots is not None and native.usable(x, enc["cross_bias"]):  # nothing reordered (`_shared`, `prepare`)
+            # nothing reordered (`_shared`, `prepare`); the embedding's output has its weight's dtype
+            if slots is not None and native.usable(self.embed.tokens.weight, enc["cross_bias"]):
                 anc, buffers, end = self._shared(state, t, rows)
                 anc = torch.cat([anc, torch.arange(rows, device=anc.device)[:, None]], 1)  # (R, t + 1)
+                for i in range(len(self.layers)):
+                    new_state[f"shared_k{i}"], new_state[f"shared_v{i}"] = buffers[2 * i], buffers[2 * i + 1]
+                new_state["self_anc"], new_state["shared_end"] = anc, end.fill_(t + 1)
+                whole = self._whole_step(tokens[:, 0], enc, buffers, t, anc, width)
+                if whole is not None:
+                    x, attn = whole  # (R, H) after the final norm, (R, S)
+                    return (output or self.output)(x)[:, None], new_state, attn[:, None]
+                x = self.embed(tokens, offset=t)  # (R, 1, H)
                 for i, layer in enumerate(self.layers):
                     k_name, v_name, ck_name, cv_name = state_names(i)
-                    new_state[f"shared_k{i}"], new_state[f"shared_v{i}"] = buffers[2 * i], buffers[2 * i + 1]
                     cross = (enc["shared_" + ck_name], enc["shared_" + cv_name])
                     x, weights = layer.step_one(
                         x, (buffers[2 * i], buffers[2 * i + 1]), t, cross, enc["cross_bias"], i == last, anc, slots
                     )
-                new_state["self_anc"], new_state["shared_end"] = anc, end.fill_(t + 1)
             else:
+                x = self.embed(tokens, offset=t)
                 if "self_anc" in state:
                     state = self._per_row(state)
                 if not self._writable(state, t):
@@ -696,6 +749,7 @@ class TransformerDecoder(nn.Module):
                     new_state[k_name], new_state[v_name] = buffers
                 new_state["self_end"] = state["self_end"].fill_(t + 1)
         else:
+            x = self.embed(tokens, offset=t)  # (R, P, H)
             if "self_anc" in state:
                 state = self._per_row(state)
             src_mask = enc["src_mask"][:, None, None, :]  # (B, 1, 1, S)
