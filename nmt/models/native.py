@@ -985,13 +985,15 @@ SIGNATURES = {
     "row_argmax": [_P, _I64, _I64, _P],
     "layer_step32": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P],
     "layer_step": [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P],
-    "decoder_step": [
-        _P, _I64, ctypes.c_int, _P, _P, _I64, ctypes.c_float, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64,
-        _P, _I64, _P, _P, _P, _I64, _P, _P, _P, ctypes.c_float, _P, _I64,
-    ],  # fmt: skip
     "attend": [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, ctypes.c_float, _P, _P, _P],
     "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P, _P, _I64],
 }
+# fmt: off
+SIGNATURES["decoder_step"] = [
+    _P, _I64, ctypes.c_int, _P, _P, _I64, ctypes.c_float, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P,
+    _I64, _P, _P, _P, _I64, _P, _P, _P, ctypes.c_float, _P, _I64,
+]
+# fmt: on
 
 
 def cache_dir() -> Path:
@@ -1370,7 +1372,7 @@ def decoder_step(
     scratch = torch.empty(rows * (3 * dim + max(3 * dim, ffn)) + rows * heads * width, dtype=torch.float32)
     attn = torch.empty((rows, src_width), dtype=torch.float32)
     pointers = ctypes.c_void_p * n
-    keys, values = caches[0], caches[1]
+    keys = caches[0]  # every buffer has its strides
     done = library().decoder_step(
         pointers(*(ctypes.addressof(m[0]) for m in made)), n, int(isinstance(first, Layer8)), tokens.data_ptr(),
         embed.data_ptr(), embed.size(0), scale, pe.data_ptr(), x.data_ptr(), rows,
