@@ -274,6 +274,45 @@ def test_the_whole_decoder_step_in_one_call_equals_its_layers_called_one_by_one(
 
 
 @built
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_whole_encoder_in_one_call_equals_its_modules(precision, norm, monkeypatch):
+    """native.encoder_forward (embedding, every layer, final norm) against the same decoding copy's modules: the
+    memory to float rounding (its norms are the kernels', not torch's), each sentence's alone as in its padded
+    batch, and the same greedy outputs; a token outside the vocabulary is an IndexError."""
+    from nmt.models.transformer import TransformerEncoder
+
+    cfg = ModelConfig(dim=64, layers=2, dropout=0.0, arch="transformer", heads=4, ffn_dim=128, norm=norm)
+    torch.manual_seed(2)
+    model = to_precision(build_model(cfg, 50, 50, joint=True).eval(), precision)
+    batch = random_batch(50, src_lens=(9, 3, 14, 5), tgt_lens=(4,) * 4, seed=7)
+    calls = []
+    real = native.encoder_forward
+    monkeypatch.setattr(native, "encoder_forward", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        whole = model.encoder(batch.src, batch.src_mask)["memory"]
+        n = int(batch.src_mask[2].sum())  # the longest sentence, alone
+        alone = model.encoder(batch.src[2:3, :n], batch.src_mask[2:3, :n])["memory"]
+        found = search.greedy_search(model, batch.src, batch.src_mask, torch.full((4,), 12))
+    if not calls:
+        pytest.skip(f"no fused {precision} layers on this machine")
+    monkeypatch.setattr(TransformerEncoder, "_whole", lambda *a: None)
+    with torch.no_grad():
+        modules = model.encoder(batch.src, batch.src_mask)["memory"]
+        found2 = search.greedy_search(model, batch.src, batch.src_mask, torch.full((4,), 12))
+    mask = batch.src_mask[..., None]
+    tolerance = 1e-5 if precision == "fp32" else 2e-2  # int8: a norm's last bit can move a value's quantum
+    torch.testing.assert_close(whole * mask, modules * mask, rtol=0, atol=tolerance)
+    if precision == "int8":  # per-row scales, exact int32 sums: a sentence's numbers do not depend on its batch
+        assert torch.equal(alone[0], whole[2, :n])
+    torch.testing.assert_close(alone[0], whole[2, :n], rtol=0, atol=1e-5)
+    assert [h.tokens for h in found] == [h.tokens for h in found2]
+    monkeypatch.undo()
+    with pytest.raises(IndexError):
+        model.encode(batch.src.clamp(max=0) + 50, batch.src_mask)
+
+
+@built
 @pytest.mark.parametrize("width", [1, 7, 16, 8000, 8003])
 def test_row_argmax_is_torchs_argmax_first_index_on_ties(width):
     torch.manual_seed(width)

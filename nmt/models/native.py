@@ -791,6 +791,69 @@ int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *valu
 #endif
 }
 
+/* EncoderLayer.forward of a decoding copy: x (B * L, H) updated in place; bias (B, L) 0 where a key may be
+   attended, -inf at padding; the layer's linears are linear[0] (qkv), [1] (out), [4] and [5] (feed-forward), its
+   norms [0] and [2] (`encoder8`, `encoder32`). scratch as layer_body's. */
+static void encoder_body(const LayerHead *L, LayerLinear linear, const void *layer, float *x, int64_t sentences,
+                         int64_t length, const float *bias, float *scratch) {
+    int64_t H = L->dim, N = L->heads, D = L->head_dim, rows = sentences * length;
+    float *h = scratch, *att = h + rows * H, *tmp = att + rows * H, *big = tmp + rows * H;
+    for (int block = 0; block < 3; block += 2) {
+        const float *in = x;
+        if (L->pre) {
+            layer_norm(x, rows, H, L->norm_w[block], L->norm_b[block], L->eps[block], h);
+            in = h;
+        }
+        if (block == 0) {
+            linear(layer, 0, in, rows, big, 0, 0, tmp);  /* (B * L, 3H): each sentence's keys read in place */
+            attend(big, rows, N, D, 3 * H, length, big + H, big + 2 * H, length * 3 * H, D, 3 * H, length, bias,
+                   length, L->self_scale, att, 0, 0);
+            linear(layer, 1, att, rows, x, 0, 1, tmp);
+        } else {
+            linear(layer, 4, in, rows, big, 1, 0, tmp);
+            linear(layer, 5, big, rows, x, 0, 1, tmp);
+        }
+        if (!L->pre) layer_norm(x, rows, H, L->norm_w[block], L->norm_b[block], L->eps[block], x);
+    }
+}
+
+/* Each row of x (R, H) = embed[tokens[r]] * scale + pe[r % length] (Embedding's order of operations); -1 for a
+   token outside [0, vocab), else 0. */
+static int embed_rows(const int64_t *tokens, int64_t rows, const float *embed, int64_t vocab, int64_t H, float scale,
+                      const float *pe, int64_t length, float *x) {
+    for (int64_t r = 0; r < rows; ++r)
+        if (tokens[r] < 0 || tokens[r] >= vocab) return -1;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *e = embed + tokens[r] * H, *p = pe + (length ? r % length : 0) * H;
+        float *xr = x + r * H;
+        for (int64_t i = 0; i < H; ++i) xr[i] = e[i] * scale + p[i];  /* the product rounded, then the sum */
+    }
+    return 0;
+}
+
+/* TransformerEncoder.forward of a decoding copy in one call: tokens (B, L) -> x (B * L, H), embedded (pe: (L, H)),
+   through the n layers (encoder_body; linear8's products where int8 is set), then the final norm (norm_w NULL:
+   none). Returns 1; 0 where this build has no int8 kernel (doing nothing); -1 for a token outside [0, vocab). */
+int encoder_forward(const void *const *layers, int64_t n, int int8, const int64_t *tokens, const float *embed,
+                    int64_t vocab, float scale, const float *pe, float *x, int64_t sentences, int64_t length,
+                    const float *bias, float *scratch, const float *norm_w, const float *norm_b, float norm_eps) {
+    LayerLinear linear = linear32;
+    if (int8) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+        linear = linear8;
+#else
+        return 0;
+#endif
+    }
+    const LayerHead *head = (const LayerHead *)layers[0];
+    int64_t H = head->dim, rows = sentences * length;
+    if (embed_rows(tokens, rows, embed, vocab, H, scale, pe, length, x)) return -1;
+    for (int64_t l = 0; l < n; ++l)
+        encoder_body((const LayerHead *)layers[l], linear, layers[l], x, sentences, length, bias, scratch);
+    if (norm_w) layer_norm(x, rows, H, norm_w, norm_b, norm_eps, x);
+    return 1;
+}
+
 /* TransformerDecoder.prefill of one position per row with every layer in one call (`decoder_step`): x (R, H) = each
    token's embedding row times `scale` plus the position's encoding pe (H,), then each of the n layers (layer_body;
    linear8's products where int8 is set, else linear32's), then the final norm (norm_w NULL: none), in place. The
@@ -813,13 +876,7 @@ int decoder_step(const void *const *layers, int64_t n, int int8, const int64_t *
     }
     const LayerHead *head = (const LayerHead *)layers[0];  /* the first member of Layer8 and Layer32 */
     int64_t H = head->dim, N = head->heads;
-    for (int64_t r = 0; r < rows; ++r)
-        if (tokens[r] < 0 || tokens[r] >= vocab) return -1;
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *e = embed + tokens[r] * H;
-        float *xr = x + r * H;
-        for (int64_t i = 0; i < H; ++i) xr[i] = e[i] * scale + pe[i];  /* as torch: the product rounded, then the sum */
-    }
+    if (embed_rows(tokens, rows, embed, vocab, H, scale, pe, 0, x)) return -1;
     for (int64_t l = 0; l < n; ++l)
         layer_body((const LayerHead *)layers[l], linear, layers[l], x, rows, keys[l], values[l], row_stride,
                    head_stride, t, ck[l], cv[l], width, cbias, sentences, l == n - 1 ? weights : 0, scratch, anc,
@@ -989,6 +1046,9 @@ SIGNATURES = {
     "self_attend": [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, ctypes.c_float, _P, _P, _I64],
 }
 # fmt: off
+SIGNATURES["encoder_forward"] = [
+    _P, _I64, ctypes.c_int, _P, _P, _I64, ctypes.c_float, _P, _P, _I64, _I64, _P, _P, _P, _P, ctypes.c_float,
+]
 SIGNATURES["decoder_step"] = [
     _P, _I64, ctypes.c_int, _P, _P, _I64, ctypes.c_float, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P,
     _I64, _P, _P, _P, _I64, _P, _P, _P, ctypes.c_float, _P, _I64,
@@ -1062,7 +1122,9 @@ def library() -> ctypes.CDLL | None:
     for name, args in SIGNATURES.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = (
-            ctypes.c_int if name in ("vnni_linear", "fp32_linear", "layer_step", "decoder_step", "has_amx") else None
+            ctypes.c_int
+            if name in ("vnni_linear", "fp32_linear", "layer_step", "decoder_step", "encoder_forward", "has_amx")
+            else None
         )
     return lib
 
@@ -1389,6 +1451,36 @@ def decoder_step(
     return (x, attn) if done else None
 
 
+def encoder_forward(
+    made: list[tuple[Layer8, list]] | list[tuple[Layer32, list]],
+    src: torch.Tensor,
+    embed: torch.Tensor,
+    scale: float,
+    pe: torch.Tensor,
+    bias: torch.Tensor,
+    norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+) -> torch.Tensor | None:
+    """A decoding copy's TransformerEncoder in one call: src (B, L) int64 contiguous -> the final norm's output
+    (B, L, H). made: each EncoderLayer's `layer8` (all) or `layer32` (all); embed (V, H) and pe (L, H) as in
+    `decoder_step`; bias (B, L) contiguous: 0 where a key may be attended, -inf at padding; norm (weight, bias, eps)
+    or None. None where this build has no int8 kernel."""
+    sentences, length = src.shape
+    first = made[0][0]
+    dim, rows = first.dim, sentences * length
+    ffn = max(m[0].ffn_in.out for m in made)
+    x = torch.empty((sentences, length, dim), dtype=torch.float32)
+    scratch = torch.empty(rows * (3 * dim + max(3 * dim, ffn)), dtype=torch.float32)
+    done = library().encoder_forward(
+        (ctypes.c_void_p * len(made))(*(ctypes.addressof(m[0]) for m in made)), len(made),
+        int(isinstance(first, Layer8)), src.data_ptr(), embed.data_ptr(), embed.size(0), scale, pe.data_ptr(),
+        x.data_ptr(), sentences, length, bias.data_ptr(), scratch.data_ptr(),
+        *((norm[0].data_ptr(), norm[1].data_ptr()) if norm else (None, None)), norm[2] if norm else 0.0,
+    )  # fmt: skip
+    if done < 0:
+        raise IndexError(f"a token outside the source vocabulary [0, {embed.size(0)})")
+    return x if done else None
+
+
 class Linear32(ctypes.Structure):
     _fields_ = [("packed", _P), ("bias", _P), ("inner", _I64), ("out", _I64)]
 
@@ -1447,23 +1539,34 @@ def layer32(layer) -> tuple[Layer32, list] | None:
 
 def _layer_parts(layer) -> tuple[list, list]:
     """A DecoderLayer's six linears in the kernels' order and its three norms; no norms where the layer is not
-    the one the kernels compute (a feed-forward other than linear-ReLU-dropout-linear, norms without weights)."""
-    attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
-    norms = [layer.res_self.norm, layer.res_cross.norm, layer.res_ffn.norm]
+    the one the kernels compute (a feed-forward other than linear-ReLU-dropout-linear, norms without weights).
+    An EncoderLayer (`encoder_forward`) has no cross-attention: its places hold the self-attention's output
+    projection and norm, which encoder_body never reads."""
+    attn, ffn = _self_attention(layer), layer.ffn
+    if hasattr(layer, "cross_attn"):
+        cross, norms = layer.cross_attn, [layer.res_self.norm, layer.res_cross.norm, layer.res_ffn.norm]
+        cross_linears = [cross.q_proj, cross.out_proj]
+    else:
+        norms, cross_linears = [layer.res_attn.norm, layer.res_attn.norm, layer.res_ffn.norm], [attn.out_proj] * 2
     if len(ffn) != 4 or type(ffn[1]) is not torch.nn.ReLU or any(n.weight is None or n.bias is None for n in norms):
         return [], []
-    linears = [getattr(attn, "qkv_proj", None), attn.out_proj, cross.q_proj, cross.out_proj, ffn[0], ffn[-1]]
+    linears = [getattr(attn, "qkv_proj", None), attn.out_proj, *cross_linears, ffn[0], ffn[-1]]
     return linears, norms
+
+
+def _self_attention(layer):
+    return layer.self_attn if hasattr(layer, "self_attn") else layer.attn
 
 
 def _layer_head(layer, norms) -> tuple:
     """Layer8's and Layer32's first fields: sizes, norms, attention scales."""
-    attn, cross = layer.self_attn, layer.cross_attn
+    attn = _self_attention(layer)
+    cross = getattr(layer, "cross_attn", attn)
     return (
         attn.heads * attn.head_dim,
         attn.heads,
         attn.head_dim,
-        int(layer.res_self.pre),
+        int((layer.res_self if hasattr(layer, "res_self") else layer.res_attn).pre),
         (_P * 3)(*(n.weight.data_ptr() for n in norms)),
         (_P * 3)(*(n.bias.data_ptr() for n in norms)),
         (ctypes.c_float * 3)(*(n.eps for n in norms)),
