@@ -209,6 +209,10 @@ class TrainConfig:
     valid_bleu_sentences: Optional[int] = key(
         None, at_least(1)
     )  # translate only the first N validation sentences for BLEU
+    # steps N at which checkpoints/best_at_N.pt keeps the best checkpoint so far by validation (the model a run of N
+    # updates would choose; nmt-compare's budget points, which it makes validation steps). Steps past max_steps are
+    # not reached (until a run is resumed with a larger train.max_steps).
+    snapshot_at: list[int] = field(default_factory=list)
     log_every: int = key(50, at_least(1))  # a progress line (train.log, stdout) and TensorBoard scalars every N updates
     seed: int = key(1, at_least(0))
     device: str = key("auto", DEVICE)  # auto | cpu | cuda | cuda:N
@@ -220,6 +224,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "train.")
+        for step in self.snapshot_at:
+            require(
+                isinstance(step, int) and step >= 1,
+                f"train.snapshot_at: {step!r}: expected numbers of updates >= 1",
+            )
 
 
 @dataclass
@@ -446,6 +455,41 @@ class SlurmConfig:
 
 
 @dataclass
+class ClaimSpec:
+    """A claim nmt-compare tests (nmt/compare/claims.py): a declared comparison and the test that decides it.
+
+    kind: better (A scores higher than B), non_inferior (A loses less than `margin` against B), interaction ((A - B)
+    is larger than (C - D)), long_range (A - B is larger on the longest sources than on the shortest), stability
+    (A's seeds vary less than B's, and B diverges or skips updates no more), cheaper (A trains faster than B: speed
+    probes; `curves` names the attention cost curves of scripts/bench_attention.py that bear on it, A's then B's).
+    """
+
+    name: str = MISSING  # a short id, e.g. "4b"
+    text: str = MISSING  # the claim in words
+    kind: str = key("better", one_of("better", "non_inferior", "interaction", "long_range", "stability", "cheaper"))
+    a: str = MISSING
+    b: str = MISSING
+    c: Optional[str] = None  # interaction: the second pair (C, D)
+    d: Optional[str] = None
+    margin: Optional[float] = key(None, positive())  # non_inferior: the BLEU A may lose, stated before the runs
+    curves: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"claims.{self.name}.")
+        require(
+            self.kind != "interaction" or (self.c is not None and self.d is not None),
+            f"claims.{self.name}: an interaction compares (a - b) with (c - d); give c and d",
+        )
+        require(
+            self.kind != "non_inferior" or self.margin is not None,
+            f"claims.{self.name}: a non-inferiority claim needs its margin (BLEU), stated before the runs",
+        )
+
+    def variants(self) -> list[str]:
+        return [v for v in (self.a, self.b, self.c, self.d) if v is not None]
+
+
+@dataclass
 class CompareConfig:
     """nmt-compare: train named variants on the same data, budget and decoding, then decode the test set and report.
 
@@ -460,10 +504,28 @@ class CompareConfig:
     extra: list[str] = field(default_factory=list)  # the command line's nmt-train KEY=VALUE, applied to every variant
     variants: list[str] = field(default_factory=list)  # the variants to run, in this order (empty: all of `overrides`)
     seeds: list[int] = field(default_factory=lambda: [1])  # train.seed values; every variant runs with each
-    # A time budget frozen in updates: variant -> its train.max_steps (e.g. the updates each variant made in the same
-    # minutes of training on one host), so the budget stays matched on any host; every variant needs one. Empty:
-    # all variants share train.max_steps.
-    matched_steps: dict[str, int] = field(default_factory=dict)
+    # variant -> its own seeds instead of `seeds` (e.g. 5 seeds for the variants of a claim 3 seeds could not decide)
+    seeds_for: dict[str, list[int]] = field(default_factory=dict)
+    # updates: every variant trains the same train.max_steps updates on the same batches (the same data seen), whatever
+    # machine runs it, and the test set is scored at each of budget_points. time: every variant trains train.max_time
+    # minutes (train.budget_clock), and a run trained beside other work (contention_limit) is refused until re-run.
+    budget: str = key("updates", one_of("updates", "time"))
+    # updates at which the test set is scored, declared before training (each with the best checkpoint by validation
+    # among the first N updates); empty: 1/4, 1/2 and all of train.max_steps. Each must be a validation step.
+    budget_points: list[int] = field(default_factory=list)
+    # variant -> train.max_steps beyond the shared budget: these variants train on after every run has reached it
+    # (the same runs, resumed), and are scored at extend_points as well: where one family passes another
+    extend: dict[str, int] = field(default_factory=dict)
+    extend_points: list[int] = field(default_factory=list)  # empty: the extended budget's 1/2, 3/4 and all
+    extend_seeds: list[int] = field(default_factory=list)  # the seeds that train on (empty: all of the variant's)
+    # a run whose training wall time exceeds its CPU time per thread by more than this factor trained beside other
+    # work: it is flagged, its speed left out of every speed figure (and, under budget=time, it is trained again)
+    contention_limit: float = key(1.15, at_least(1))
+    probe: bool = False  # measure the variants' training speed (probes.json) instead of training the comparison
+    probe_steps: int = key(200, at_least(1))  # updates timed per probe (after probe_warmup untimed ones)
+    probe_warmup: int = key(20, at_least(0))
+    probe_repeats: int = key(3, at_least(1))  # probes per variant, each in a fresh process
+    claims: list[ClaimSpec] = field(default_factory=list)  # declared claims, tested in claims.md (compare/claims.py)
     baseline: Optional[str] = (
         None  # the variant the others are tested against (default, or when not among `variants`: the first)
     )
@@ -508,18 +570,39 @@ class CompareConfig:
         )
         for name in self.variants + ([self.baseline] if self.baseline else []):
             require(name in self.overrides, f"variants: no variant named '{name}'; {known}")
-        for name, steps in self.matched_steps.items():
-            require(name in self.overrides, f"matched_steps.{name}: no variant named '{name}'; {known}")
+        for name, seeds in self.seeds_for.items():
+            require(name in self.overrides, f"seeds_for.{name}: no variant named '{name}'; {known}")
             require(
-                isinstance(steps, int) and steps >= 1,
-                f"matched_steps.{name}={steps}: expected a number of updates >= 1",
+                bool(seeds) and len(set(seeds)) == len(seeds) and min(seeds) >= 0,
+                f"seeds_for.{name}={seeds}: expected distinct seeds >= 0",
             )
-        if self.matched_steps:
-            missing = [name for name in self.selected() if name not in self.matched_steps]
+        for name, steps in self.extend.items():
+            require(name in self.overrides, f"extend.{name}: no variant named '{name}'; {known}")
+            require(isinstance(steps, int) and steps >= 1, f"extend.{name}={steps}: expected a number of updates")
+        for key_name in ("budget_points", "extend_points"):
+            points = getattr(self, key_name)
             require(
-                not missing,
-                f"matched_steps: no updates given for {', '.join(missing)}; with matched_steps every variant needs one",
+                all(isinstance(p, int) and p >= 1 for p in points) and points == sorted(set(points)),
+                f"{key_name}={points}: expected increasing numbers of updates >= 1",
             )
+        if self.budget == "time":
+            require(
+                not self.budget_points and not self.extend,
+                "budget=time: budget_points and extend are numbers of updates; give them with budget=updates",
+            )
+        names = [c.name for c in self.claims]
+        require(len(set(names)) == len(names), f"claims: names must be distinct; got {', '.join(names)}")
+        for claim in self.claims:
+            for name in claim.variants():
+                require(name in self.overrides, f"claims.{claim.name}: no variant named '{name}'; {known}")
+
+    def seeds_of(self, name: str) -> list[int]:
+        """The seeds variant `name` runs with."""
+        return list(self.seeds_for.get(name, self.seeds))
+
+    def all_seeds(self) -> list[int]:
+        """Every seed some selected variant runs with, in order."""
+        return sorted({s for name in self.selected() for s in self.seeds_of(name)})
 
     def selected(self) -> list[str]:
         """The variants this comparison runs, in order."""

@@ -218,32 +218,68 @@ def test_mistakes_are_one_line(toy_dir, tmp_path, capsys):
 def test_a_run_dir_with_other_settings_is_not_taken_for_finished(compared, toy_dir, capsys):
     args = compare_args(toy_dir, compared, steps=7) + ["train.threads=1"]  # the runs there made 6 updates
     code, _, err = cli(compare.main, args, capsys)
-    one_error_line(code, err, "holds a run with other settings (train.max_steps: 6 -> 7)")
+    one_error_line(
+        code, err, "holds a run with other settings (train.max_steps: 6 -> 7; train.snapshot_at: [6] -> [7])"
+    )
 
 
-def test_matched_steps_give_each_variant_its_own_updates_and_keep_runs_that_made_them(
-    compared, toy_dir, tmp_path, capsys
+def test_the_budget_is_updates_with_declared_points_and_its_conditions_are_enforced(
+    toy_dir, tmp_path, capsys, monkeypatch
 ):
-    """A time budget frozen in updates: runs that finished under another budget but made exactly the variant's
-    updates are kept (skipped), others are refused; every variant needs a count; train.max_steps cannot be given."""
+    """budget=updates: no time limit, no early stopping, one explicit precision the host runs natively, budget points
+    that are validation steps; each refused with one line before anything trains."""
+    args = compare_args(toy_dir, tmp_path / "report") + ["train.threads=1"]
+    refused = {
+        "train.max_time=30": "error: variant transformer: train.max_time=30.0: budget=updates trains every variant "
+        "train.max_steps=6 updates and a time limit stops variants at different updates",
+        "train.patience=2": "train.patience=2: budget=updates trains every variant train.max_steps=6 updates and "
+        "early stopping ends",
+        "train.precision=auto": "error: train.precision=auto: a comparison trains every run in one explicit precision",
+        "budget_points=[3]": "error: budget_points: 3 is not a validation step of the runs (train.valid_every=4, "
+        "train.max_steps=6)",
+        "budget_points=[4,2]": "error: budget_points=[4, 2]: expected increasing numbers of updates",
+        "budget=time": "error: budget=time: give train.max_time=MINUTES",
+        "extend.transformer=5": "error: extend.transformer=5: expected more updates than train.max_steps=6",
+    }
+    for argument, message in refused.items():
+        code, _, err = cli(compare.main, args + argument.split(), capsys)
+        one_error_line(code, err, message)
+    code, _, err = cli(compare.main, args + ["budget=time", "budget_points=[4]", "train.max_time=1"], capsys)
+    one_error_line(code, err, "error: budget=time: budget_points and extend are numbers of updates")
+    monkeypatch.setattr("nmt.training.precision.native_bf16", lambda device: False)
+    code, _, err = cli(compare.main, args + ["train.precision=bf16"], capsys)
+    one_error_line(code, err, "error: train.precision=bf16: this CPU (")
+    assert "has no bf16 matrix instructions" in err
+    assert not (tmp_path / "report" / "runs").exists()
+
+
+def test_an_extended_variant_trains_on_the_same_run_and_is_scored_at_every_point(compared, toy_dir, tmp_path, capsys):
+    """extend: after the shared budget, the variant's runs resume to their longer budget (the same runs: equal to one
+    trained there in one go) and are scored at the further points; the shared budget's scores stay."""
     out = tmp_path / "report"
     shutil.copytree(compared, out)
-    args = [a for a in compare_args(toy_dir, out) if not a.startswith("train.max_steps")] + ["train.threads=1"]
-    matched = ["matched_steps.transformer=6", "matched_steps.luong_local_p=6"]
-    code, said, err = cli(compare.main, args + matched + ["train.max_time=30"], capsys)  # other budget, same updates
+    args = compare_args(toy_dir, out) + ["train.threads=1", "extend.luong_local_p=8"]
+    code, said, err = cli(compare.main, args, capsys)
     assert code == 0, err
-    assert (said + err).count("finished earlier") == 2
-    assert "each variant's own number of updates (`matched_steps`" in (out / "report.md").read_text()
-    part = json.loads((out / "runs" / "transformer" / "seed1" / "conditions.json").read_text())[-1]
-    assert part["precision"] in ("fp32", "bf16") and part["cpu"]  # as resolved on this host, and the host's CPU
-    code, _, err = cli(compare.main, args + ["matched_steps.transformer=7", "matched_steps.luong_local_p=6"], capsys)
-    one_error_line(code, err, "holds a run with other settings (train.max_steps: 6 -> 7)")
-    code, _, err = cli(compare.main, args + ["matched_steps.transformer=6"], capsys)
-    one_error_line(code, err, "error: matched_steps: no updates given for luong_local_p; with matched_steps every")
-    code, _, err = cli(compare.main, args + matched + ["train.max_steps=6"], capsys)
-    one_error_line(code, err, "error: train.max_steps: the comparison sets each variant's from matched_steps")
-    code, _, err = cli(compare.main, args + matched + ["matched_steps.lstm=6"], capsys)
-    one_error_line(code, err, "error: matched_steps.lstm: no variant named 'lstm'")
+    assert said.count("finished earlier") == 2
+    assert "luong_local_p seed 1: resuming from step 6 (budget 8 updates)" in said
+    run_dir = out / "runs" / "luong_local_p" / "seed1"
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    before = json.loads((compared / "runs" / "luong_local_p" / "seed1" / "eval.json").read_text())
+    assert sorted(evaluation["points"], key=int) == ["6", "8"] and evaluation["scores"] == before["scores"]
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == 8
+    assert [p["from_step"] for p in json.loads((run_dir / "conditions.json").read_text())] == [0, 6]
+    in_one_go = tmp_path / "one_go"
+    code, _, err = cli(
+        compare.main,
+        [a for a in compare_args(toy_dir, in_one_go, steps=8) if a != "variants=transformer,luong_local_p"]
+        + ["variants=luong_local_p", "train.threads=1"],
+        capsys,
+    )
+    assert code == 0, err
+    extended = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+    direct = torch.load(in_one_go / "runs" / "luong_local_p" / "seed1" / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(extended[k], direct[k]) for k in direct)
 
 
 def test_forced_attention_is_the_attention_of_greedy_search():

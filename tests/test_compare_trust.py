@@ -46,19 +46,26 @@ def eval_of(out, variant="transformer"):
 
 def test_each_run_records_how_it_trained(spawned):
     conditions = json.loads((spawned / "runs" / "transformer" / "seed1" / "conditions.json").read_text())
-    assert conditions == [
-        {
-            "from_step": 0,
-            "jobs": 2,
-            "threads": 1,
-            "precision": "fp32",
-            "batch_tokens": 512,
-            "accumulate": 1,
-            "budget_clock": "wall",
-            "device": "auto",
-            "cpu": cpu_model(),  # the host's, so parts run elsewhere are told apart
-        }
-    ]
+    assert len(conditions) == 1
+    part = conditions[0]
+    assert {k: part[k] for k in ("from_step", "to_step", "jobs", "threads", "precision", "batch_tokens")} == {
+        "from_step": 0,
+        "to_step": 6,
+        "jobs": 2,
+        "threads": 1,
+        "precision": "fp32",
+        "batch_tokens": 512,
+    }
+    assert part["cpu"] == cpu_model()  # the host's, so parts run elsewhere are told apart
+    assert part["clock_start"] == {"train_s": 0.0, "train_cpu_s": 0.0, "wall_s": 0.0}
+    results = json.loads((spawned / "runs" / "transformer" / "seed1" / "results.json").read_text())
+    assert part["clock_end"] == {k: results[k] for k in ("train_s", "train_cpu_s", "wall_s")}
+    assert len(part["load_average_start"]) == 3 and len(part["load_average_end"]) == 3
+    session = part["session"]  # the invocation that trained it: provenance survives archiving the run elsewhere
+    assert session["command"].startswith("nmt-compare experiment=compare_attention_toy")
+    assert session["cpu"] == cpu_model()
+    assert {"host", "git_commit", "nmt", "torch", "started"} <= set(session)
+    assert eval_of(spawned)["points"]["6"]["session"] == session
     report = (spawned / "report.md").read_text()
     assert (
         "Checked from the runs' files: every finished run used the same tokenizer, test set, training budget" in report

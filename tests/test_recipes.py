@@ -61,7 +61,7 @@ def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
     plans = plan_runs(
         cfg, tmp_path
     )  # every variant's nmt-train config; they share the data, budget and decoding (or this raises)
-    assert len(cfg.selected()) >= 12 and len(plans) == len(cfg.selected()) * len(cfg.seeds)
+    assert len(cfg.selected()) >= 10 and len(plans) == sum(len(cfg.seeds_of(v)) for v in cfg.selected())
     assert cfg.baseline_name() in cfg.selected()
     built = {}
     for plan in plans:
@@ -82,9 +82,12 @@ def test_every_compare_experiment_plans_and_builds_its_variants(name, tmp_path):
         assert model.arch == expected_arch, name
         if "model.score=" in overrides:
             assert f"model.score={model.score}" in overrides, name
-    for plan in plans:  # a budget frozen in updates reaches every run
-        if cfg.matched_steps:
-            assert plan.config.train.max_steps == cfg.matched_steps[plan.variant] and plan.config.train.max_time is None
+    for plan in plans:  # one budget in updates for every run, scored at the declared points; no time limit
+        assert plan.config.train.max_steps == plans[0].config.train.max_steps and plan.config.train.max_time is None
+        assert plan.points and plan.config.train.snapshot_at[: len(plan.points)] == plan.points
+        assert plan.config.train.precision != "auto"
+        if plan.extend_steps is not None:
+            assert plan.extended().steps == cfg.extend[plan.variant] > plan.steps
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")

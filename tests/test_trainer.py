@@ -53,6 +53,18 @@ def test_keeps_the_last_n_and_the_best_m(toy_dir, cache, tmp_path, monkeypatch):
     assert results["best"] == {"metric": "bleu", "score": 9.0, "step": 4} and not results["early_stopped"]
 
 
+def test_snapshots_keep_the_best_checkpoint_so_far_at_each_budget_point(toy_dir, cache, tmp_path, monkeypatch):
+    """best_at_N.pt is the model a run of N updates would choose by validation, even after later steps are pruned."""
+    scripted(monkeypatch, "bleu", [5.0, 9.0, 7.0, 8.0, 10.0, 2.0])  # at steps 2, 4, ..., 12
+    t = trainer(
+        toy_dir, cache, tmp_path / "run", max_steps=12, valid_every=2, save_every=4, keep_last=1, snapshot_at=[6, 8, 12]
+    )
+    t.fit()
+    folder = tmp_path / "run" / "checkpoints"
+    assert {n: load_checkpoint(folder / f"best_at_{n}.pt")["step"] for n in (6, 8, 12)} == {6: 4, 8: 4, 12: 10}
+    assert not (folder / "best_at_4.pt").exists()
+
+
 @pytest.mark.parametrize(
     "metric, scores, stop_step", [("bleu", [3.0, 5.0, 5.0, 4.0, 9.0], 8), ("loss", [4.0, 3.0, 3.5, 2.9, 3.0, 3.0], 12)]
 )

@@ -12,7 +12,15 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from nmt.cli.common import compose, print_help, run
-from nmt.compare.plan import PlannedRun, check_existing, check_shared, merge_overrides, override_key, run_dir_for
+from nmt.compare.plan import (
+    PlannedRun,
+    check_budget,
+    check_existing,
+    check_shared,
+    merge_overrides,
+    override_key,
+    run_dir_for,
+)
 from nmt.config import CompareConfig
 from nmt.errors import NmtError
 from nmt.training.progress import duration
@@ -39,7 +47,7 @@ gives each variant its own updates (a time budget frozen in updates, the same on
 """
 
 COMPARE_KEYS = {f.name for f in fields(CompareConfig)} | {"experiment"}
-LIST_KEYS = ("variants", "seeds", "heatmap_lines")
+LIST_KEYS = ("variants", "seeds", "heatmap_lines", "budget_points", "extend_points", "extend_seeds")
 OVERRIDE_LISTS = (
     "overrides.",
     "shared",
@@ -69,34 +77,42 @@ def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
                     + ",".join(f"'{item.strip()}'" for item in value[1:-1].split(",") if item.strip())
                     + "]"
                 )
-            if key.startswith(("overrides.", "matched_steps.")):
-                argument = "++" + argument.lstrip("+")  # defines a new variant (or its updates) or replaces one
+            if key.startswith("seeds_for.") and not value.startswith("["):
+                argument = f"{argument.split('=', 1)[0]}=[{value}]"
+            if key.startswith(("overrides.", "extend.", "seeds_for.")):
+                # defines a new variant (or its extension, seeds) or replaces one
+                argument = "++" + argument.lstrip("+")
             mine.append(argument)
         else:
             theirs.append(argument)
     return mine, theirs
 
 
-def plan_runs(cfg: CompareConfig, out: Path) -> list[PlannedRun]:
-    """Each variant's training config composed once, then one run per seed; checks that they share data,
-    budget and decoding."""
+def plan_runs(cfg: CompareConfig, out: Path, session: dict | None = None) -> list[PlannedRun]:
+    """Each variant's training config composed once, then one run per seed; checks that they share data, budget,
+    precision and decoding, and that the budget and its points are ones every variant can keep."""
     bases = {}
-    if cfg.matched_steps and any(override_key(o) == "train.max_steps" for o in cfg.extra):
-        raise NmtError("train.max_steps: the comparison sets each variant's from matched_steps; change those instead")
     for name in cfg.selected():
-        steps = [f"train.max_steps={cfg.matched_steps[name]}"] if cfg.matched_steps else []
         try:
             bases[name] = compose(
-                "config", merge_overrides(cfg.shared, cfg.overrides[name], steps, cfg.extra, ["train.progress=false"])
+                "config", merge_overrides(cfg.shared, cfg.overrides[name], cfg.extra, ["train.progress=false"])
             )
         except NmtError as err:
             raise NmtError(f"variant {name}: {err}") from None
+    points, further = check_budget(cfg, bases)
     plans = []
-    for seed in cfg.seeds:  # seed by seed: a comparison stopped part-way has every variant at its first seeds
+    for seed in cfg.all_seeds():  # seed by seed: a comparison stopped part-way has every variant at its first seeds
         for name, base in bases.items():
-            config = replace(base, run_dir=str(run_dir_for(out, name, seed)), train=replace(base.train, seed=seed))
-            plans.append(PlannedRun(name, seed, config))
-    check_shared(plans, matched_steps=bool(cfg.matched_steps))
+            if seed not in cfg.seeds_of(name):
+                continue
+            extend = cfg.extend.get(name) if not cfg.extend_seeds or seed in cfg.extend_seeds else None
+            own = [p for p in further if extend is not None and p <= extend]
+            train = replace(base.train, seed=seed, snapshot_at=points + own)
+            config = replace(base, run_dir=str(run_dir_for(out, name, seed)), train=train)
+            plans.append(
+                PlannedRun(name, seed, config, points, extend, own, session, base.train.max_steps if points else None)
+            )
+    check_shared(plans)
     for plan in plans:
         check_existing(plan)
     return plans
@@ -156,48 +172,88 @@ def main(argv: list[str]) -> None:
     run_comparison(cfg, out, "nmt-compare " + shlex.join(argv))
 
 
+def session_record(command: str) -> dict:
+    """Who trains or scores a run: this invocation's command, host, CPU, software (RUN/conditions.json, eval.json)."""
+    import platform
+
+    from nmt.compare.environment import environment
+
+    env = environment()
+    return {
+        "started": datetime.now().isoformat(timespec="seconds"),
+        "command": command,
+        "host": platform.node(),
+        "cpu": env["cpu"],
+        "git_commit": env["git_commit"],
+        "nmt": env["nmt"],
+        "torch": env["packages"]["torch"],
+        "python": env["python"],
+        "platform": env["platform"],
+    }
+
+
 def run_comparison(cfg: CompareConfig, out: Path, command: str) -> None:
     """Plan, train and score every run not done yet, then write the report."""
     from nmt.compare.collect import PLAN, read_sessions
     from nmt.compare.environment import environment
     from nmt.compare.evaluate import eval_settings
-    from nmt.compare.plan import prepare_test
+    from nmt.compare.plan import check_host, prepare_test
     from nmt.compare.report import build_report
     from nmt.compare.runner import budget, comparison_lock, run_all, run_state
     from nmt.data.dataset import prepare_data
     from nmt.fileio import atomic_open
 
-    plans = plan_runs(cfg, out)
+    session = session_record(command)
+    plans = plan_runs(cfg, out, session)
+    if cfg.launcher == "local":
+        check_host(plans[0].config)
     if cfg.baseline and cfg.baseline != cfg.baseline_name():
         print(
             f"nmt-compare: baseline={cfg.baseline} is not among the variants run; testing against {cfg.baseline_name()}"
         )
+    if cfg.probe:
+        from nmt.compare.speed import run_probes
+
+        with comparison_lock(out):
+            run_probes(plans, cfg, out, session)
+        return
+    limit = cfg.contention_limit if cfg.budget == "time" else None
     with comparison_lock(out):
         test, align = prepare_test(cfg, plans[0].config.data, out)
-        if any(run_state(p.run_dir) == "new" for p in plans):  # one tokenizer, trained here before any run starts
+        if any(run_state(p) == "new" for p in plans):  # one tokenizer, trained here before any run starts
             prepare_data(plans[0].config.data, print)
         cfg.align, cfg.heatmap_lines, cfg.baseline = align, test.heatmap_lines, cfg.baseline_name()
         with atomic_open(out / PLAN, key="out") as f:
             f.write(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         sessions = read_sessions(out) + [
-            {"command": command, "started": datetime.now().isoformat(timespec="seconds"), "environment": environment()}
+            {"command": command, "started": session["started"], "environment": environment()}
         ]
         write_session(out, sessions)
+        points = plans[0].points
+        extended = sorted({p.variant for p in plans if p.extend_steps is not None})
         print(
-            f"nmt-compare: {len(cfg.selected())} variants x {len(cfg.seeds)} seeds = {len(plans)} runs, {cfg.jobs} at "
-            f"a time; budget {budget(plans[0].config)} each; baseline {cfg.baseline}; test set {len(test.src)} "
-            f"sentences{' with gold alignments' if test.gold else ''}; out {out}"
+            f"nmt-compare: {len(cfg.selected())} variants, {len(plans)} runs, {cfg.jobs} at a time; budget "
+            f"{budget(plans[0].config)} each"
+            + (f", test scored at {', '.join(map(str, points))} updates" if points else "")
+            + (
+                f"; then {', '.join(extended)} train on ({', '.join(f'{v}: {cfg.extend[v]}' for v in extended)})"
+                if extended
+                else ""
+            )
+            + f"; baseline {cfg.baseline}; test set {len(test.src)} sentences"
+            f"{' with gold alignments' if test.gold else ''}; out {out}"
         )
         start = time.perf_counter()
         try:
             if cfg.launcher == "local":
-                run_all(plans, test, cfg.progress, cfg.jobs)
+                run_all(plans, test, cfg.progress, cfg.jobs, limit=limit)
             else:
                 from nmt.compare.launch import SlurmSettings, dispatch
 
-                todo = [p for p in plans if run_state(p.run_dir, eval_settings(test, p.config.decode)) != "done"]
-                if todo:
-                    dispatch(todo, test, cfg.launcher, out, SlurmSettings(**asdict(cfg.slurm)))
+                for phase in (plans, [p.extended() for p in plans if p.extend_steps is not None]):
+                    todo = [p for p in phase if run_state(p, eval_settings(test, p.config.decode), limit) != "done"]
+                    if todo:
+                        dispatch(todo, test, cfg.launcher, out, SlurmSettings(**asdict(cfg.slurm)), limit=limit)
         except BaseException:
             sessions[-1]["interrupted"] = True
             raise

@@ -38,6 +38,17 @@ class RunRecord:
     heatmaps: list[dict] = field(default_factory=list)
     curve: Curve = field(default_factory=Curve)
     conditions: list[dict] = field(default_factory=list)  # RUN/conditions.json: how each part of the run trained
+    point_hyps: dict[int, list[str]] = field(default_factory=dict)  # budget point -> RUN/test.atN.hyp
+
+    def points(self) -> dict[int, dict]:
+        """The budget points this run was scored at: {N: eval.json's figures of the model chosen at N}."""
+        return {
+            int(k): v for k, v in ((self.evaluation or {}).get("points") or {}).items() if int(k) in self.point_hyps
+        }
+
+    def point_score(self, point: int, metric: str = "bleu") -> float | None:
+        found = self.points().get(point)
+        return found["scores"][metric]["score"] if found else None
 
     @property
     def finished(self) -> bool:
@@ -60,6 +71,9 @@ def read_run(out: Path, variant: str, seed: int) -> RunRecord:
     record.evaluation = _json(run_dir / EVAL)  # type: ignore[assignment]
     if (run_dir / HYP).is_file():
         record.hyps = read_lines(run_dir / HYP)
+    for point, figures in ((record.evaluation or {}).get("points") or {}).items():
+        if (run_dir / figures["hyp"]).is_file():
+            record.point_hyps[int(point)] = read_lines(run_dir / figures["hyp"])
     record.heatmaps = _json(run_dir / HEATMAPS) or []  # type: ignore[assignment]
     record.conditions = _json(run_dir / CONDITIONS) or []  # type: ignore[assignment]
     results = record.results or {}

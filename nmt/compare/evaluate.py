@@ -1,10 +1,11 @@
-"""Score one finished run on the test set: RUN/test.hyp, RUN/eval.json and RUN/heatmaps.json.
+"""Score one finished run on the test set: RUN/test.hyp, RUN/test.atN.hyp, RUN/eval.json and RUN/heatmaps.json.
 
-The best checkpoint (by validation score) translates the test set with the run's own decoding settings
-(the same for every variant); BLEU, chrF and TER come from sacrebleu with their signatures. The
-reference is then forced through the model (nmt.compare.probe) for the attention diagnostics, the
-alignment scores against gold word alignments and the heat maps. eval.json is written last, so its
-presence means the run is complete.
+At each budget point N the model a run of N updates would choose (checkpoints/best_at_N.pt, the best by validation
+score among the first N updates) translates the test set with the run's own decoding settings (the same for every
+variant); BLEU, chrF and TER come from sacrebleu with their signatures. The model at the shared budget (or best.pt,
+for a time budget) is then probed: the reference forced through it (nmt.compare.probe) for the attention diagnostics,
+the alignment scores against gold word alignments and the heat maps. eval.json is written last, so its presence
+means the run is scored.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from nmt.training.checkpoint import BEST, checkpoint_config, load_checkpoint
 from nmt.translation import Translator, decode_settings
 
 EVAL, HYP, HEATMAPS = "eval.json", "test.hyp", "heatmaps.json"
-EVAL_VERSION = 2  # 2: attention figures on renormalised rows, per-layer AER; older eval.json files are scored again
+EVAL_VERSION = 3  # 3: test scored at budget points (eval.json "points"); 2: attention figures on renormalised rows,
+# per-layer AER; older eval.json files are scored again
 END = "</s>"
 
 
@@ -160,26 +162,95 @@ def validation_gold(cfg) -> tuple[list[str], list[str], list[GoldAlignment]] | N
     return (split.src, split.tgt, read_pharaoh(path, split.src, split.tgt)) if split is not None else None
 
 
-def evaluate_run(run_dir: Path, test: TestSet) -> dict:
-    """Translate and probe the test set with RUN/checkpoints/best.pt; write test.hyp, heatmaps.json and eval.json.
+def point_hyp(point: int) -> str:
+    """RUN/test.atN.hyp: the test translation of the model chosen at budget point N."""
+    return f"test.at{point}.hyp"
 
-    The search and the probe run in the run's decode.precision (as nmt-translate would).
-    """
-    best = run_dir / "checkpoints" / BEST
-    cfg = checkpoint_config(load_checkpoint(best))
+
+def translate_test(path: Path, test: TestSet) -> tuple[object, list[str], dict]:
+    """Load a checkpoint as nmt-translate would (its decode.precision honoured) and translate the test set with the
+    run's decoding settings: (the loaded model, the translations, their figures)."""
+    cfg = checkpoint_config(load_checkpoint(path))
     device = resolve_device(cfg.train.device)
-    loaded = load_model(str(best), cfg.decode.precision, device)  # the API's loading path: decode.precision honoured
-    model, tokenizer, step = loaded.model, loaded.tokenizer, loaded.step
-    parameters = sum(p.numel() for p in model.parameters() if p.dtype.is_floating_point)
+    loaded = load_model(str(path), cfg.decode.precision, device)  # the API's loading path
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    translator = Translator(model, tokenizer, cfg.decode, device)
+    translator = Translator(loaded.model, loaded.tokenizer, cfg.decode, device)
     start, cpu = time.perf_counter(), time.process_time()
     hyps = translator.translate(test.src)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    scores = {name: corpus_score(name, hyps, test.ref) for name in ("bleu", "chrf", "ter", "bleu_lc")}
+    figures = {
+        "checkpoint": f"checkpoints/{path.name}",
+        "checkpoint_step": loaded.step,
+        "scores": {name: {"score": round(s.score, 4), "signature": s.signature} for name, s in scores.items()},
+        "decode_seconds": round(seconds, 3),
+        "sentences_per_s": round(len(hyps) / seconds, 2) if seconds > 0 else None,
+        "decode_cpu_seconds": round(cpu_seconds, 3),  # all threads: per thread-second with train.threads=1
+        "sentences_per_cpu_s": round(len(hyps) / cpu_seconds, 2) if cpu_seconds > 0 else None,
+    }
+    return loaded, hyps, figures
+
+
+def evaluate_run(
+    run_dir: Path,
+    test: TestSet,
+    points: list[int] | None = None,
+    primary: int | None = None,
+    session: dict | None = None,
+) -> dict:
+    """Translate the test set with the model chosen at each budget point (checkpoints/best_at_N.pt, the best by
+    validation among the first N updates; test.atN.hyp) and probe it with the one at `primary` (the shared budget;
+    without points, checkpoints/best.pt): test.hyp, heatmaps.json, eval.json. Points an earlier call scored with the
+    same settings are kept, so an extended run scores only its further points.
+
+    The search and the probe run in the run's decode.precision (as nmt-translate would).
+    """
+    start_all = time.perf_counter()
+    points = points or []
+    first = run_dir / "checkpoints" / (f"best_at_{primary}.pt" if points and primary else BEST)
+    cfg = checkpoint_config(load_checkpoint(first))
+    settings = eval_settings(test, cfg.decode)
+    earlier = _json(run_dir / EVAL)
+    if earlier is not None and earlier.get("settings") != settings:
+        earlier = None
+    scored = dict((earlier or {}).get("points") or {})
+    for point in points:
+        if str(point) in scored and (run_dir / point_hyp(point)).is_file():
+            continue
+        _, hyps, figures = translate_test(run_dir / "checkpoints" / f"best_at_{point}.pt", test)
+        with atomic_open(run_dir / point_hyp(point), key="run_dir") as f:
+            f.writelines(h + "\n" for h in hyps)
+        scored[str(point)] = {**figures, "hyp": point_hyp(point), "session": session}
+    if earlier is not None and (run_dir / HYP).is_file():
+        result = {**earlier, "points": scored}
+    else:
+        result = _probe(run_dir, first, test, settings)
+        result["points"] = scored
+        result["session"] = session
+    result["scoring_seconds"] = round((earlier or {}).get("scoring_seconds", 0.0) + time.perf_counter() - start_all, 1)
+    with atomic_open(run_dir / EVAL, key="run_dir") as f:
+        f.write(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+def _probe(run_dir: Path, checkpoint: Path, test: TestSet, settings: dict) -> dict:
+    """test.hyp and the attention figures of one checkpoint: the translation, the reference forced through the model
+    (attention diagnostics, heat maps, alignment scores)."""
+    loaded, hyps, figures = translate_test(checkpoint, test)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    cfg = checkpoint_config(load_checkpoint(checkpoint))
+    device = resolve_device(cfg.train.device)
+    parameters = sum(p.numel() for p in model.parameters() if p.dtype.is_floating_point)
     with atomic_open(run_dir / HYP, key="run_dir") as f:
         f.writelines(h + "\n" for h in hyps)
-    scores = {name: corpus_score(name, hyps, test.ref) for name in ("bleu", "chrf", "ter", "bleu_lc")}
 
     src_ids, tgt_ids = tokenizer.encode_src(test.src), tokenizer.encode_tgt(test.ref)
     forced = forced_attention(model, src_ids, tgt_ids, device)
@@ -214,26 +285,17 @@ def evaluate_run(run_dir: Path, test: TestSet) -> dict:
                 "layer": f"layer {best + 1} of {len(by_layer)} (lowest AER on {on}), mean over heads",
             }
 
-    result = {
-        "checkpoint": f"checkpoints/{BEST}",
-        "checkpoint_step": step,
+    return {
+        **figures,
         "sentences": len(hyps),
         "test_sha256": test_digest(test.src, test.ref),
         "decode": decode_settings(cfg.decode),
-        "settings": eval_settings(test, cfg.decode),
-        "decode_seconds": round(seconds, 3),
-        "sentences_per_s": round(len(hyps) / seconds, 2) if seconds > 0 else None,
-        "decode_cpu_seconds": round(cpu_seconds, 3),  # all threads: per thread-second with train.threads=1
-        "sentences_per_cpu_s": round(len(hyps) / cpu_seconds, 2) if cpu_seconds > 0 else None,
+        "settings": settings,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "parameters": parameters,
         "tokenizer_sha256": tokenizer_digest(tokenizer),
-        "scores": {name: {"score": round(s.score, 4), "signature": s.signature} for name, s in scores.items()},
         "attention": {key: (round(v, 6) if isinstance(v, float) else v) for key, v in stats.as_dict().items()},
         "alignment": alignment,
         "alignment_by_layer": layers,
     }
-    with atomic_open(run_dir / EVAL, key="run_dir") as f:
-        f.write(json.dumps(result, indent=2) + "\n")
-    return result

@@ -36,11 +36,13 @@ class SlurmSettings:
     constraint: str | None
 
 
-def run_job(number: int, total: int, plan: PlannedRun, test: TestSet) -> str:
+def run_job(number: int, total: int, plan: PlannedRun, test: TestSet, limit: float | None = None) -> str:
     """One job: train and score one run (its lines go to the job's log); returns the run dir."""
+    from nmt.compare.plan import check_host
     from nmt.compare.runner import run_one
 
-    run_one(number, total, plan, test, 1, lambda line: print(line, flush=True))
+    check_host(plan.config)  # the job's node, which may not be the one that planned it
+    run_one(number, total, plan, test, 1, lambda line: print(line, flush=True), limit)
     return str(plan.run_dir)
 
 
@@ -80,11 +82,12 @@ def dispatch(
     out: Path,
     slurm: SlurmSettings,
     say: Callable[[str], None] = print,
+    limit: float | None = None,
 ) -> None:
     """Submit a job per run and wait for them all; a failed job is an error naming its run and its log."""
     pool = executor(launcher, out / "submitit", slurm)
     with pool.batch():
-        jobs = [pool.submit(run_job, n, len(plans), plan, test) for n, plan in enumerate(plans, 1)]
+        jobs = [pool.submit(run_job, n, len(plans), plan, test, limit) for n, plan in enumerate(plans, 1)]
     say(
         f"nmt-compare: {len(jobs)} jobs submitted ({launcher}), logs in {out / 'submitit'}; waiting for them to end "
         f"(or stop waiting and run `nmt-compare report_only=true out={out}` once they have)"

@@ -502,14 +502,15 @@ def markdown_report(
     """The whole report.md."""
     variants = summary["variants"]
     finished = sum(len(v["seeds"]) for v in variants)
-    planned = len(variants) * len(plan.seeds)
+    planned = sum(len(plan.seeds_of(v["name"])) for v in variants)
     base_cfg = configs.get(summary["baseline"])
     total = sum(s["seconds"] for s in sessions if s.get("seconds") is not None)
     budgets = summary["consistency"]["budget"]
     lines = [
         f"# {plan.name or 'Attention variants compared'}",
         "",
-        f"{len(variants)} variants, seeds {', '.join(map(str, plan.seeds))}: {finished} of {planned} runs finished"
+        f"{len(variants)} variants, seeds {', '.join(map(str, plan.all_seeds()))}: {finished} of {planned} runs "
+        "finished"
         + (
             f" (**{planned - finished} not finished**: the tables cover the finished ones)"
             if finished < planned
@@ -518,16 +519,12 @@ def markdown_report(
         + ". "
         + headline(summary)
         + (
-            " Budget per run: each variant's own number of updates (`matched_steps`: a time budget frozen in updates;"
-            " column *updates*)"
-            if plan.matched_steps
+            f" Budget per run: {base_cfg.train.max_steps if base_cfg else NA} updates for every variant, on the same "
+            "batches (the same data seen, on any machine)"
+            if plan.budget == "updates"
             else f" Budget per run: {budget(base_cfg) if base_cfg else NA}"
         )
-        + (
-            " **(budgets differ between runs)**"
-            if len(budgets) > 1 or (not plan.matched_steps and any(b and b[0] == "per variant" for b in budgets))
-            else ""
-        )
+        + (" **(budgets differ between runs)**" if len(budgets) > 1 else "")
         + ". "
         f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
         + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "")

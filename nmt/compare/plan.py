@@ -8,8 +8,7 @@ test split is copied into the report folder, where it must match what earlier se
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from nmt.compare.evaluate import TestSet
@@ -43,11 +42,18 @@ TEST_SRC, TEST_REF, TEST_ALIGN = "test.src", "test.ref", "test.align"
 
 @dataclass
 class PlannedRun:
-    """One variant at one seed: its resolved training config (run_dir set)."""
+    """One variant at one seed: its resolved training config (run_dir set; train.max_steps the shared budget), the
+    budget points its test set is scored at, and, for an extended variant, the updates it trains on to afterwards and
+    the further points scored there."""
 
     variant: str
     seed: int
     config: Config
+    points: list[int] = field(default_factory=list)
+    extend_steps: int | None = None
+    extend_points: list[int] = field(default_factory=list)
+    session: dict | None = None  # the nmt-compare invocation that plans it (provenance, RUN/conditions.json)
+    budget_steps: int | None = None  # the shared budget (its point is the one the main table and diagnostics use)
 
     @property
     def run_dir(self) -> Path:
@@ -56,6 +62,100 @@ class PlannedRun:
     @property
     def label(self) -> str:
         return f"{self.variant} seed {self.seed}"
+
+    def extended(self) -> PlannedRun:
+        """The same run trained on to its extended budget (phase 2), scored at every point."""
+        train = replace(self.config.train, max_steps=self.extend_steps)
+        return replace(
+            self, config=replace(self.config, train=train), points=self.points + self.extend_points, extend_steps=None
+        )
+
+    @property
+    def steps(self) -> int:
+        """The updates this plan trains to."""
+        return self.config.train.max_steps
+
+
+def check_host(config: Config) -> None:
+    """Refuse a precision this host cannot run natively: bf16 on a CPU without bf16 matrix instructions would be
+    emulated (another speed, and a rounding no other host of the comparison has), never silently changed."""
+    from nmt.runtime import resolve_device
+    from nmt.training.precision import native_bf16
+
+    train = config.train
+    if train.precision != "bf16":
+        return
+    try:
+        device = resolve_device(train.device)
+    except NmtError:
+        return  # the trainer names a bad device itself
+    if device.type == "cpu" and not native_bf16(device):
+        from nmt.compare.environment import cpu_model
+
+        raise NmtError(
+            f"train.precision=bf16: this CPU ({cpu_model()}) has no bf16 matrix instructions (AVX512-BF16 or AMX), "
+            "so it would emulate bf16, unlike the comparison's other runs; continue the comparison on a host with "
+            "bf16, or start another one with train.precision=fp32"
+        )
+
+
+def valid_steps(fractions: list[float], total: int, every: int, above: int = 0) -> list[int]:
+    """Fractions of `total` updates rounded down to validation steps (multiples of `every`), above `above`, with
+    `total` itself always among them."""
+    points = {int(total * f) // every * every for f in fractions} | {total}
+    return sorted(p for p in points if p > above)
+
+
+def check_budget(cfg: CompareConfig, bases: dict[str, Config]) -> tuple[list[int], list[int]]:
+    """The comparison's conditions, enforced before anything trains: one explicit precision this host can run, the
+    budget (updates: no time limit, no early stopping; time: a time limit), valid budget points. Returns the budget
+    points and the extended variants' further points."""
+    first_name, first = next(iter(bases.items()))
+    train = first.train
+    if train.precision == "auto":
+        raise NmtError(
+            "train.precision=auto: a comparison trains every run in one explicit precision (auto picks bf16 on one "
+            "host and fp32 on another); give train.precision=fp32 (every CPU) or train.precision=bf16"
+        )
+    if cfg.budget == "time":
+        if train.max_time is None:
+            raise NmtError("budget=time: give train.max_time=MINUTES (and train.budget_clock=wall|cpu)")
+        return [], []
+    for name, base in bases.items():
+        for key_name, value, why in (
+            ("max_time", base.train.max_time, "a time limit stops variants at different updates"),
+            ("max_epochs", base.train.max_epochs, "budget=updates counts updates only"),
+            ("patience", base.train.patience, "early stopping ends variants at different updates"),
+        ):
+            if value is not None:
+                raise NmtError(
+                    f"variant {name}: train.{key_name}={value}: budget=updates trains every variant "
+                    f"train.max_steps={base.train.max_steps} updates and {why}; remove it (or give budget=time)"
+                )
+    total, every = train.max_steps, train.valid_every
+    points = cfg.budget_points or valid_steps([0.25, 0.5], total, every)
+    for p in points:
+        if p > total or (p % every and p != total):
+            raise NmtError(
+                f"budget_points: {p} is not a validation step of the runs (train.valid_every={every}, "
+                f"train.max_steps={total}); expected points up to train.max_steps that are multiples of "
+                "train.valid_every"
+            )
+    if not cfg.extend:
+        return points, []
+    for name, steps in cfg.extend.items():
+        if steps <= total:
+            raise NmtError(f"extend.{name}={steps}: expected more updates than train.max_steps={total}")
+    longest = max(cfg.extend.values())
+    further = cfg.extend_points or valid_steps([0.5, 0.75], longest, every, above=total)
+    for p in further:
+        if p <= total or p > longest or (p % every and p not in cfg.extend.values()):
+            raise NmtError(
+                f"extend_points: {p} is not a validation step past the shared budget (train.max_steps={total}, "
+                f"train.valid_every={every}, longest extension {longest}); expected multiples of train.valid_every "
+                f"between them (variant {first_name})"
+            )
+    return points, further
 
 
 def run_dir_for(out: Path, variant: str, seed: int) -> Path:
@@ -76,15 +176,14 @@ def merge_overrides(*lists: list[str]) -> list[str]:
     return list(merged.values())
 
 
-def check_shared(plans: list[PlannedRun], matched_steps: bool = False) -> None:
-    """Every variant must share the data (hence the tokenizer and vocabulary), the budget and the decoding settings
-    (with `matched_steps`, train.max_steps is the variant's own)."""
+def check_shared(plans: list[PlannedRun]) -> None:
+    """Every variant must share the data (hence the tokenizer and vocabulary), the budget and the decoding settings."""
     first = flatten(asdict(plans[0].config))
     for plan in plans[1:]:
         flat = flatten(asdict(plan.config))
         for key in first:
-            if matched_steps and key == "train.max_steps":
-                continue
+            if key == "train.snapshot_at":
+                continue  # the budget points, and an extended variant's further ones
             if key.startswith(SAME_FOR_ALL) and flat[key] != first[key]:
                 raise NmtError(
                     f"variant {plan.variant}: {key}={flat[key]} but {plans[0].variant} has {first[key]}; every "
@@ -94,28 +193,17 @@ def check_shared(plans: list[PlannedRun], matched_steps: bool = False) -> None:
                 )
 
 
-def same_updates(plan: PlannedRun) -> bool:
-    """The run in the run dir finished (results.json) after exactly train.max_steps updates, not stopped early:
-    trained to these steps instead, it would be the same run (schedules that depend on the run's length aside)."""
-    path = plan.run_dir / "results.json"
-    if not path.is_file() or plan.config.train.schedule == "cosine":
-        return False
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        return False
-    return results.get("steps") == plan.config.train.max_steps and not results.get("early_stopped")
-
-
 def check_existing(plan: PlannedRun) -> None:
     """A run dir left by an earlier nmt-compare must hold a run with exactly these settings."""
     saved_path = plan.run_dir / "config.yaml"
     if not saved_path.is_file():
         return
     saved: Config = config_from_yaml(saved_path.read_text(encoding="utf-8"))
+    if plan.extend_steps is not None and saved.train.max_steps == plan.extend_steps:
+        saved = replace(saved, train=replace(saved.train, max_steps=plan.steps))  # phase 2 of this plan started
+    if [p for p in saved.train.snapshot_at if p <= plan.steps] == plan.points:
+        saved = replace(saved, train=replace(saved.train, snapshot_at=plan.config.train.snapshot_at))  # extended later
     differences = [d for d in config_differences(saved, plan.config) if d.split(":")[0] not in IGNORED]
-    if differences and all(d.split(":")[0] in BUDGET for d in differences) and same_updates(plan):
-        return  # a finished run whose budget was given otherwise (e.g. in minutes) but bought exactly these updates
     if differences:
         raise NmtError(
             f"{plan.run_dir}: holds a run with other settings ({'; '.join(differences[:3])}); "

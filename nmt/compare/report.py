@@ -32,7 +32,7 @@ FIGURES = {
 
 
 def load_runs(out: Path, plan: CompareConfig) -> dict[str, list[RunRecord]]:
-    return {name: [read_run(out, name, seed) for seed in plan.seeds] for name in plan.selected()}
+    return {name: [read_run(out, name, seed) for seed in plan.seeds_of(name)] for name in plan.selected()}
 
 
 def csv_rows(summary: dict) -> list[dict]:
@@ -160,7 +160,14 @@ def build_report(out: Path, plan: CompareConfig | None = None) -> str:
     test = read_test(out)
     runs = load_runs(out, plan)
     summary = summarize(
-        runs, plan.overrides, plan.baseline_name(), test, plan.length_buckets, plan.bootstrap, plan.bootstrap_seed
+        runs,
+        plan.overrides,
+        plan.baseline_name(),
+        test,
+        plan.length_buckets,
+        plan.bootstrap,
+        plan.bootstrap_seed,
+        plan.extend,
     )
     sessions = read_sessions(out)
     drawn = draw_figures(out, summary, runs, test.gold)

@@ -229,17 +229,20 @@ def run_conditions(run: RunRecord) -> list[tuple]:
     return [tuple(part.get(key) for key in CONDITIONS) for part in parts]
 
 
-def consistency(runs: list[RunRecord]) -> dict:
-    """What must be equal across the finished runs for the comparison to be fair, with the values found."""
+def consistency(runs: list[RunRecord], extended: dict[str, int] | None = None) -> dict:
+    """What must be equal across the finished runs for the comparison to be fair, with the values found. A variant
+    in `extended` (variant -> its longer train.max_steps) had the shared budget in its first part."""
+    extended = extended or {}
     done = [r for r in runs if r.finished]
     found = lambda get: sorted({get(r) for r in done}, key=str)  # noqa: E731
     conditions = sorted({c for r in done for c in run_conditions(r)}, key=str)
     usual = max(conditions, key=lambda c: sum(c in run_conditions(r) for r in done)) if conditions else None
-    # matched_steps: each variant its own updates, the same for all its seeds (a difference only within a variant)
-    steps: dict[str, set] = {}
-    for r in done:
-        steps.setdefault(r.variant, set()).add(r.config.train.max_steps if r.config else None)
-    per_variant = len(set().union(*steps.values())) > 1 and all(len(v) == 1 for v in steps.values())
+    shared = {r.config.train.max_steps for r in done if r.config and r.variant not in extended}
+
+    def steps(r: RunRecord) -> int:
+        own = r.config.train.max_steps
+        return next(iter(shared)) if r.variant in extended and own == extended[r.variant] and len(shared) == 1 else own
+
     return {
         "tokenizer_sha256": found(lambda r: r.evaluation["tokenizer_sha256"]),
         "test_sha256": found(lambda r: r.evaluation["test_sha256"]),
@@ -247,12 +250,7 @@ def consistency(runs: list[RunRecord]) -> dict:
         "signatures": {metric: found(lambda r, m=metric: r.evaluation["scores"][m]["signature"]) for metric in SCORES},
         "budget": found(
             lambda r: (
-                (
-                    "per variant" if per_variant else r.config.train.max_steps,
-                    r.config.train.max_time,
-                    r.config.train.max_epochs,
-                    r.config.train.budget_clock,
-                )
+                (steps(r), r.config.train.max_time, r.config.train.max_epochs, r.config.train.budget_clock)
                 if r.config
                 else None
             )
@@ -282,6 +280,7 @@ def summarize(
     bucket_count: int,
     samples: int,
     seed: int,
+    extended: dict[str, int] | None = None,
 ) -> dict:
     """Everything the report shows, as plain values (results.json holds this)."""
     buckets = length_buckets(test.src, bucket_count)
@@ -302,5 +301,5 @@ def summarize(
         "variants": variants,
         "length_buckets": [{"words": label, "sentences": len(lines)} for label, lines in buckets],
         "bootstrap": {"samples": samples, "seed": seed, "alpha": ALPHA, "min_seeds": MIN_SEEDS, "notes": tests.notes},
-        "consistency": consistency([r for group in runs.values() for r in group]),
+        "consistency": consistency([r for group in runs.values() for r in group], extended),
     }

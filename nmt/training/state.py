@@ -34,6 +34,11 @@ from nmt.training.checkpoint import (
 )
 
 
+def snapshot_name(step: int) -> str:
+    """checkpoints/best_at_N.pt: the best checkpoint by validation among the first N updates (train.snapshot_at)."""
+    return f"best_at_{step}.pt"
+
+
 def pairs_fingerprint(src_lens: list[int], tgt_lens: list[int]) -> str:
     """What the data position depends on: the training pairs' lengths, in order."""
     return hashlib.sha256(np.asarray([src_lens, tgt_lens], dtype=np.int64).tobytes()).hexdigest()[:16]
@@ -91,6 +96,23 @@ class CheckpointState:
             link_checkpoint(path, folder / BEST)
         recent = [s for s in step_checkpoints(folder) if s <= self.step][-self.cfg.train.keep_last :]
         prune_checkpoints(folder, set(recent) | self.stopping.best_steps)
+
+    def snapshot(self) -> None:
+        """At a train.snapshot_at step, link checkpoints/best_at_N.pt to the best checkpoint so far by validation (the
+        newest without a validation split). Made once: a run resumed at that step keeps the link it made, or makes
+        it if a kill came between the step's checkpoint and its link."""
+        if self.step not in self.cfg.train.snapshot_at:
+            return
+        folder = self.run_dir / "checkpoints"
+        has_valid = "valid" in self.data.splits
+        if not has_valid or self.saved_step != self.step:
+            self.save(best=not has_valid)  # every process: saving gathers their random states
+        if not self.dist.main or (folder / snapshot_name(self.step)).is_file():
+            return
+        best_step = self.stopping.best[0][0] if has_valid and self.stopping.best else self.step
+        target = folder / step_name(best_step)
+        link_checkpoint(target if target.is_file() else folder / BEST, folder / snapshot_name(self.step))
+        self.log(f"step {self.step} | {snapshot_name(self.step)}: the best checkpoint so far (step {best_step})")
 
     def restore(self, payload: dict) -> None:
         """Continue from a checkpoint of this run (its weights already loaded): optimizer, schedule, counters, RNG,

@@ -245,6 +245,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
             smoothed=cfg.label_smoothing > 0,
         )
         try:
+            self.snapshot()  # resumed at a snapshot step whose link a kill prevented
             self._loop(progress, total, max_time_s)
             has_valid = "valid" in self.data.splits
             improved = False
@@ -314,6 +315,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
             improved, ranked = self.after_validation(self.validate_all(), progress)
         if self.step % cfg.save_every == 0 or ranked or self.stopping.should_stop:
             self.save(best=improved)
+        self.snapshot()
 
     def results(self, total: Meter) -> dict:
         best = self.stopping.best[0] if self.stopping.best else None
