@@ -115,6 +115,26 @@ def learning_curves(curves: dict[str, list[Curve]], path: Path, clock: str = "wa
     save_figure(fig, path, "out")
 
 
+def bleu_by_budget(curves: dict[str, list[tuple[int, float, float | None]]], path: Path) -> None:
+    """Test BLEU (mean over seeds, a bar of one standard deviation) at each budget point, a line per variant,
+    updates on a log axis: the ranking at each budget, and where lines cross."""
+    fig = _figure(9.0, 5.0)
+    ax = fig.subplots()
+    for (name, points), color in zip(curves.items(), _colors(len(curves))):
+        if not points:
+            continue
+        x, y, err = zip(*points)
+        ax.errorbar(x, y, yerr=[e or 0.0 for e in err], marker="o", markersize=3, capsize=2, color=color, label=name)
+    ax.set_xscale("log")
+    ticks = sorted({p for points in curves.values() for p, _, _ in points})
+    ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
+    ax.set_xlabel("updates (the same for every variant at each point)")
+    ax.set_ylabel("test BLEU (mean over seeds)")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside right upper", fontsize="small")
+    save_figure(fig, path, "out")
+
+
 def bleu_by_length(buckets: list[str], bleu: dict[str, list[float | None]], path: Path) -> None:
     """Test BLEU in each source-length bucket, a line per variant (as Bahdanau et al. 2014, fig. 2)."""
     fig = _figure(9.0, 5.0)

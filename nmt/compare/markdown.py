@@ -498,8 +498,11 @@ def markdown_report(
     figures: dict[str, str],
     configs: dict[str, Config | None],
     runs: dict[str, list[RunRecord]],
+    early: list[str] | None = None,
+    late: list[str] | None = None,
+    prov: dict | None = None,
 ) -> str:
-    """The whole report.md."""
+    """The whole report.md; `early` sections follow the significance tables, `late` ones precede reproducibility."""
     variants = summary["variants"]
     finished = sum(len(v["seeds"]) for v in variants)
     planned = sum(len(plan.seeds_of(v["name"])) for v in variants)
@@ -528,8 +531,14 @@ def markdown_report(
         + ". "
         f"Test set: {len(test.src)} sentences. Baseline: **{summary['baseline']}**. Runs trained {plan.jobs} at a time"
         + (" (so speeds are measured beside another run)" if plan.jobs > 1 else "")
-        + f". Training and scoring took {duration(total)} (wall-clock, {len(sessions)} session(s)). Report written "
-        f"{datetime.now().isoformat(timespec='seconds')}.",
+        + ". "
+        + (
+            f"Training took {duration(prov['training_s'])} and scoring {duration(prov['scoring_s'])}, summed over the "
+            f"runs, made by {len(prov['sessions'])} session(s) on {len(prov['hosts'])} host(s) (Provenance)"
+            if prov and prov["sessions"]
+            else f"Training and scoring took {duration(total)} (wall-clock, {len(sessions)} session(s) in this folder)"
+        )
+        + f". Report written {datetime.now().isoformat(timespec='seconds')}.",
         "",
         "## Main results",
         "",
@@ -556,6 +565,7 @@ def markdown_report(
     ]
     if "bars" in figures:
         lines += [f"![Test BLEU by variant]({figures['bars']})", ""]
+    lines += early or []
     lines += ["## Training and decoding", "", training_table(summary), ""]
     if "curves" in figures:
         lines += [f"![Learning curves]({figures['curves']})", ""]
@@ -580,6 +590,7 @@ def markdown_report(
             "",
         ]
     lines += ["## Every run", "", runs_table(summary, runs), ""]
+    lines += late or []
     lines += how_computed(plan, summary, test, base_cfg.train.early_stop_metric if base_cfg else NA)
     lines += [
         "## Reproducibility",

@@ -23,7 +23,9 @@ from nmt.data.corpus import read_lines
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
 
+COST_CURVES = "attention_cost.json"
 FIGURES = {
+    "budgets": "bleu_by_budget.png",
     "bars": "bleu_bars.png",
     "curves": "learning_curves.png",
     "lengths": "bleu_by_length.png",
@@ -154,37 +156,113 @@ def check_scored(out: Path, plan: CompareConfig) -> None:
                     )
 
 
+def shared_budget(runs: dict[str, list[RunRecord]]) -> int | None:
+    """The updates every variant trained (extended variants trained more afterwards): the smallest train.max_steps."""
+    steps = [r.config.train.max_steps for group in runs.values() for r in group if r.finished and r.config]
+    return min(steps) if steps else None
+
+
+def cost_curves(out: Path) -> dict | None:
+    """scripts/bench_attention.py --json written into OUT (attention_cost.json), for the cost claims."""
+    path = out / COST_CURVES
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def build_report(out: Path, plan: CompareConfig | None = None) -> str:
     """Write OUT/report.md, results.csv, results.json and the figures from the files in OUT; returns the main table."""
+    from nmt.compare.budgets import crossover, order_changes, point_table, scored_points, time_matched
+    from nmt.compare.provenance import provenance
+    from nmt.compare.sections import (
+        budget_section,
+        conditions_section,
+        crossover_section,
+        provenance_section,
+        speed_section,
+    )
+    from nmt.compare.speed import read_probes
+
     plan = plan or read_plan(out)
     test = read_test(out)
     runs = load_runs(out, plan)
+    steps = shared_budget(runs) if plan.budget == "updates" else None
+    baseline, limit = plan.baseline_name(), plan.contention_limit
     summary = summarize(
         runs,
         plan.overrides,
-        plan.baseline_name(),
+        baseline,
         test,
         plan.length_buckets,
         plan.bootstrap,
         plan.bootstrap_seed,
         plan.extend,
+        steps,
+        limit,
     )
     sessions = read_sessions(out)
     drawn = draw_figures(out, summary, runs, test.gold)
+    main_points = [p for p in scored_points(runs) if steps is None or p <= steps]
+    tables = [point_table(runs, p, baseline, test.ref, plan.bootstrap, plan.bootstrap_seed) for p in main_points]
+    changes = order_changes(tables)
+    cross = crossover(runs, list(plan.extend), test.ref, plan.bootstrap, plan.bootstrap_seed)
+    probes = read_probes(out)
+    matched = time_matched(runs, probes, limit, main_points) if main_points else None
+    prov = provenance(runs, sessions)
+    claims, claims_lines = [], []
+    if plan.claims:
+        from nmt.compare.claims import claims_markdown, evaluate_claims
+
+        claims = evaluate_claims(
+            plan.claims, runs, test, probes, cost_curves(out), plan.bootstrap, plan.bootstrap_seed, plan.length_buckets
+        )
+        claims_lines = ["## Claims", "", claims_markdown(claims), ""]
+    if len(scored_points(runs)) > 1:
+        figures.bleu_by_budget(budget_curves(runs), out / FIGURES["budgets"])
+        drawn["budgets"] = FIGURES["budgets"]
     configs = {name: next((r.config for r in group if r.config is not None), None) for name, group in runs.items()}
     document = {
         "name": plan.name,
         "out": str(out),
-        "seeds": plan.seeds,
+        "seeds": {name: plan.seeds_of(name) for name in plan.selected()},
         "test_sentences": len(test.src),
         "gold_alignments": test.gold is not None,
         **summary,
+        "budget": {"kind": plan.budget, "updates": steps, "points": main_points},
+        "budget_tables": tables,
+        "order_changes": changes,
+        "crossover": cross,
+        "probes": probes,
+        "time_matched": matched,
+        "claims": claims,
+        "provenance": prov,
         "sessions": sessions,
         "figures": drawn,
     }
     with atomic_open(out / "results.json", key="out") as f:
         f.write(json.dumps(document, indent=2, default=str) + "\n")
     write_csv(csv_rows(summary), out / "results.csv")
+    early = budget_section(tables, changes, baseline, drawn.get("budgets")) + crossover_section(cross, plan.extend)
+    late = (
+        speed_section(matched, probes, limit)
+        + conditions_section(summary, limit)
+        + claims_lines
+        + provenance_section(prov)
+    )
     with atomic_open(out / "report.md", key="out") as f:
-        f.write(markdown_report(plan, summary, test, sessions, drawn, configs, runs))
+        f.write(markdown_report(plan, summary, test, sessions, drawn, configs, runs, early, late, prov))
     return main_table(summary)
+
+
+def budget_curves(runs: dict[str, list[RunRecord]]) -> dict[str, list[tuple[int, float, float | None]]]:
+    """Per variant: (budget point, mean test BLEU over seeds, standard deviation) at every point scored."""
+    from nmt.compare.budgets import scored_points
+    from nmt.compare.summary import spread
+
+    found = {}
+    for name, group in runs.items():
+        points = []
+        for point in scored_points({name: group}):
+            stat = spread([r.point_score(point) for r in group if r.finished])
+            if stat["mean"] is not None:
+                points.append((point, stat["mean"], stat["std"]))
+        found[name] = points
+    return found

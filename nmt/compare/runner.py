@@ -87,9 +87,13 @@ def clock_figures(clock: dict | None) -> dict:
     }
 
 
+MIN_TIMED_S = 10.0  # shorter stretches of training are too short to tell contention from start-up
+
+
 def ratio(train_s: float, train_cpu_s: float, threads: int) -> float | None:
-    """Training wall time over CPU time per thread: 1.0 on cores of its own, above 1 when other work took them."""
-    return train_s / (train_cpu_s / threads) if train_cpu_s > 0 and train_s > 0 else None
+    """Training wall time over CPU time per thread: 1.0 on cores of its own, above 1 when other work took them (None
+    for less than MIN_TIMED_S of training)."""
+    return train_s / (train_cpu_s / threads) if train_cpu_s > 0 and train_s >= MIN_TIMED_S else None
 
 
 def part_ratios(parts: list[dict], results: dict | None) -> list[float]:
@@ -103,7 +107,7 @@ def part_ratios(parts: list[dict], results: dict | None) -> list[float]:
             continue
         threads = part.get("torch_threads") or part.get("threads") or (results or {}).get("threads") or 1
         value = ratio(end["train_s"] - start["train_s"], end["train_cpu_s"] - start["train_cpu_s"], threads)
-        if value is not None and end["train_s"] - start["train_s"] > 1.0:
+        if value is not None:
             found.append(value)
     return found
 
@@ -176,6 +180,7 @@ def close_conditions(plan: PlannedRun, results: dict) -> None:
             "ended": datetime.now().isoformat(timespec="seconds"),
             "load_average_end": load_average(),
             "clock_end": {k: results.get(k, 0.0) for k in ("train_s", "train_cpu_s", "wall_s")},
+            "results": results,  # results.json as this part left it (a run trained on overwrites it)
         }
     )
     with atomic_open(path, key="run_dir") as f:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nmt.compare.collect import RunRecord, TestData
-from nmt.compare.runner import train_seconds
+from nmt.compare.runner import contention, train_seconds
 from nmt.evaluation.metrics import corpus_score
 from nmt.evaluation.significance import (
     MIN_SEEDS,
@@ -162,13 +162,37 @@ def layer_means(records: list[dict | None]) -> dict | None:
     }
 
 
+def budget_results(run: RunRecord, steps: int | None) -> dict:
+    """results.json of a run as it stood at the shared budget: a run trained on past it (extend) has the figures of
+    its first part in RUN/conditions.json."""
+    results = run.results or {}
+    if steps is None or results.get("steps", 0) <= steps:
+        return results
+    return next((p["results"] for p in run.conditions if p.get("to_step") == steps and p.get("results")), results)
+
+
+def run_contention(run: RunRecord) -> float:
+    """The run's largest ratio of training wall time to CPU time per thread (nmt.compare.runner.contention)."""
+    return contention(run.results or {}, run.conditions)
+
+
 def variant_summary(
-    name: str, overrides: list[str], group: list[RunRecord], refs: list[str], buckets: list[tuple[str, list[int]]]
+    name: str,
+    overrides: list[str],
+    group: list[RunRecord],
+    refs: list[str],
+    buckets: list[tuple[str, list[int]]],
+    budget_steps: int | None = None,
+    limit: float = 1.15,
 ) -> dict:
-    """One variant's figures over its finished seeds."""
+    """One variant's figures over its finished seeds (training figures at the shared budget); the speeds only of
+    runs that trained with their cores to themselves (contention at most `limit`)."""
     done = [r for r in group if r.finished]
     evals = [r.evaluation for r in done]
-    results = [r.results for r in done]
+    ratios = [(r.seed, run_contention(r)) for r in done]
+    clean = [budget_results(r, budget_steps) for r, (_, ratio) in zip(done, ratios) if ratio <= limit]
+    results = [budget_results(r, budget_steps) for r in done]
+    clean_evals = [r.evaluation for r, (_, ratio) in zip(done, ratios) if ratio <= limit]
     alignments = [e["alignment"] for e in evals if e.get("alignment")]  # type: ignore[union-attr]
     per_bucket = [bucket_bleu(r, refs, buckets) for r in done]
     return {
@@ -184,15 +208,19 @@ def variant_summary(
         "wall_seconds": spread([res["wall_s"] for res in results]),  # type: ignore[index]
         "valid_seconds": spread([res.get("valid_s") for res in results]),  # type: ignore[union-attr]
         "train_cpu_seconds": spread([res.get("train_cpu_s") for res in results]),  # type: ignore[union-attr]
-        "steps_per_s": spread([res["steps"] / train_seconds(res) if train_seconds(res) else None for res in results]),  # type: ignore[index,arg-type]
-        "train_tokens_per_s": spread([res["train_tokens_per_s"] for res in results]),  # type: ignore[index]
+        "steps_per_s": spread([res["steps"] / train_seconds(res) if train_seconds(res) else None for res in clean]),
+        "train_tokens_per_s": spread([res["train_tokens_per_s"] for res in clean]),
         "timed_out": sum(bool(res.get("timed_out")) for res in results),  # type: ignore[union-attr]
         "best_step": spread([e["checkpoint_step"] for e in evals]),  # type: ignore[index]
-        "decode_sentences_per_s": spread([e["sentences_per_s"] for e in evals]),  # type: ignore[index]
-        "decode_sentences_per_cpu_s": spread([e.get("sentences_per_cpu_s") for e in evals]),  # type: ignore[union-attr]
+        "decode_sentences_per_s": spread([e["sentences_per_s"] for e in clean_evals]),
+        "decode_sentences_per_cpu_s": spread([e.get("sentences_per_cpu_s") for e in clean_evals]),
         "train_tokens_per_cpu_s": spread(
-            [r["train_tokens"] / r["train_cpu_s"] if r.get("train_cpu_s") else None for r in results]
-        ),  # type: ignore[index,union-attr]
+            [r["train_tokens"] / r["train_cpu_s"] if r.get("train_cpu_s") else None for r in clean]
+        ),
+        "contention": {
+            "values": [ratio for _, ratio in ratios],
+            "flagged": [(seed, ratio) for seed, ratio in ratios if ratio > limit],
+        },
         "attention": {key: spread([e["attention"][key] for e in evals]) for key in ATTENTION},  # type: ignore[index]
         "alignment": {
             **{key: spread([a[key] for a in alignments]) for key in ALIGNMENT},
@@ -281,10 +309,15 @@ def summarize(
     samples: int,
     seed: int,
     extended: dict[str, int] | None = None,
+    budget_steps: int | None = None,
+    limit: float = 1.15,
 ) -> dict:
     """Everything the report shows, as plain values (results.json holds this)."""
     buckets = length_buckets(test.src, bucket_count)
-    variants = [variant_summary(name, overrides[name], group, test.ref, buckets) for name, group in runs.items()]
+    variants = [
+        variant_summary(name, overrides[name], group, test.ref, buckets, budget_steps, limit)
+        for name, group in runs.items()
+    ]
     tests = significance(runs, baseline, test.ref, samples, seed)
     means = {v["name"]: v["bleu"]["mean"] for v in variants}
     for variant in variants:
