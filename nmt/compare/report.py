@@ -209,7 +209,8 @@ def build_report(out: Path, plan: CompareConfig | None = None) -> str:
     prov = provenance(runs, sessions)
     claims, claims_lines = [], []
     if plan.claims:
-        from nmt.compare.claims import claims_markdown, evaluate_claims
+        from nmt.compare.claims import evaluate_claims
+        from nmt.compare.claims_report import claims_markdown
 
         claims = evaluate_claims(
             plan.claims, runs, test, probes, cost_curves(out), plan.bootstrap, plan.bootstrap_seed, plan.length_buckets

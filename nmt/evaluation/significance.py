@@ -21,6 +21,12 @@ have trained. Each test below resamples exactly one of them.
 
 Across the k variants tested against one baseline, Holm-Bonferroni (Holm 1979) keeps the chance of any
 false call at alpha: sort the p-values, the i-th smallest (from 0) must be below alpha / (k - i).
+
+The declared claims (nmt/compare/claims.py) use the same two sources of variance for other questions:
+a margin (non-inferiority: one-sided tests against -margin, by the bootstrap's draws and by Welch's t), a
+difference of differences (the cluster bootstrap of four systems, or of two systems in two length strata; and
+the generalised Welch test of a linear contrast of seed means), the seeds' variances (the F test), counts of
+troubled runs (Fisher's exact test), and timings (Welch's t on log times, reported as a ratio).
 """
 
 from __future__ import annotations
@@ -176,3 +182,284 @@ def holm(p_values: dict[str, float], alpha: float) -> dict[str, bool]:
 def smallest_bootstrap_p(samples: int) -> float:
     """The smallest p-value the bootstrap can give with this many draws."""
     return 1 / (samples + 1)
+
+
+# --- the declared claims' tests (nmt/compare/claims.py) ------------------------------------------------------------
+
+
+def holm_adjusted(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm-adjusted p: max over the j <= i smallest of min(1, (k - j) p_(j)); below alpha where holm rejects."""
+    adjusted, running = {}, 0.0
+    for rank, (name, p) in enumerate(sorted(p_values.items(), key=lambda item: item[1])):
+        running = max(running, min(1.0, (len(p_values) - rank) * p))
+        adjusted[name] = running
+    return adjusted
+
+
+def bootstrap_p(draws: np.ndarray, observed: float, null: float = 0.0, alternative: str = "two-sided") -> float:
+    """The bootstrap p-value of H0: theta = null ("two-sided"), theta <= null ("greater") or theta >= null ("less").
+
+    The draws are shifted to centre on the null (draw - observed + null); p is the share of shifted draws at least as
+    far from the null as the observed value, in the alternative's direction, counted as (k + 1) / (B + 1) (Davison &
+    Hinkley 1997, sec. 4.4). Ties count as beyond (the conservative side).
+    """
+    shift, gap = draws - observed, observed - null  # shifted draw - null = shift; observed - null = gap
+    if alternative == "two-sided":
+        beyond = np.abs(shift) >= abs(gap) - 1e-9
+    elif alternative == "greater":
+        beyond = shift >= gap - 1e-9
+    elif alternative == "less":
+        beyond = shift <= gap + 1e-9
+    else:
+        raise ValueError(f"alternative={alternative!r}: expected two-sided, greater or less")
+    return (int(beyond.sum()) + 1) / (draws.size + 1)
+
+
+def contrast_draws(
+    systems: list[np.ndarray], coefficients: list[float], weights: np.ndarray
+) -> tuple[float, np.ndarray]:
+    """sum_i c_i * (mean over seeds of corpus BLEU of system i), on the test set and on each draw: (value, (samples,)).
+
+    systems: each (seeds, N, 10) statistics over the same N sentences (the seeds may differ between systems); a draw
+    (a row of weights, draw_weights) picks the sentences once for every system, all seeds of a sentence together.
+    """
+    observed = float(sum(c * mean_bleu(s) for c, s in zip(coefficients, systems)))
+    draws = np.sum([c * mean_bleu(s, weights) for c, s in zip(coefficients, systems)], axis=0)
+    return observed, draws
+
+
+def did_bootstrap(
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    d: np.ndarray,
+    seeds: list[int],
+    samples: int,
+    seed: int,
+    weights: np.ndarray | None = None,
+    strata: bool = False,
+) -> BootstrapResult:
+    """Cluster bootstrap over test sentences of a difference in differences, (A - B) - (C - D), of mean-over-seeds BLEU.
+
+    a, b, c, d: (seeds, N, 10) statistics. strata=False: all four over the same N sentences, and a draw resamples
+    them once for all four (`weights` may be given to share draws). strata=True: a, b over one set of sentences and
+    c, d over another (e.g. one pair of variants on the longest and on the shortest sources), each stratum resampled
+    within itself, independently (a stratified bootstrap). Interval: the 2.5-97.5th percentiles of the draws; p: the
+    two-sided bootstrap p of "no difference in differences" (bootstrap_p).
+    """
+    if seed <= 0:
+        raise ValueError(f"bootstrap seed {seed}: expected a positive seed")
+    if strata:
+        first = contrast_draws([a, b], [1.0, -1.0], draw_weights(a.shape[1], samples, seed))
+        second = contrast_draws([c, d], [1.0, -1.0], draw_weights(c.shape[1], samples, seed + 1))
+        observed, draws = first[0] - second[0], first[1] - second[1]
+        sentences = a.shape[1] + c.shape[1]
+    else:
+        weights = draw_weights(a.shape[1], samples, seed) if weights is None else weights
+        observed, draws = contrast_draws([a, b, c, d], [1.0, -1.0, -1.0, 1.0], weights)
+        sentences = a.shape[1]
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return BootstrapResult(
+        observed, float(low), float(high), bootstrap_p(draws, observed), samples, sentences, list(seeds)
+    )
+
+
+@dataclass
+class MarginResult:
+    """One-sided tests of a difference (system - baseline) against -margin: above it (non-inferior) or below it."""
+
+    delta: float
+    lower: float  # the one-sided 95% lower bound of the difference
+    upper: float  # the one-sided 95% upper bound
+    p_above: float  # H0: delta <= -margin; rejected: the system loses less than the margin
+    p_below: float  # H0: delta >= -margin; rejected: the system loses more than the margin
+    margin: float
+    t: float | None = None  # the seed test's t of (delta + margin) / se and its Welch-Satterthwaite df
+    df: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def non_inferiority_bootstrap(
+    baseline: np.ndarray, system: np.ndarray, margin: float, samples: int, seed: int, weights: np.ndarray | None = None
+) -> MarginResult:
+    """Non-inferiority by the paired cluster bootstrap over test sentences (baseline, system: (seeds, N, 10)).
+
+    The draws of the delta (as cluster_bootstrap's), shifted to centre on -margin, give the one-sided p-values
+    (bootstrap_p, (k + 1) / (B + 1)); the one-sided 95% bounds are the basic (reflected) bootstrap's, delta minus the
+    95th and 5th percentiles of (draw - delta), so that p_above < 0.05 where lower > -margin, as the p-values count.
+    """
+    if seed <= 0:
+        raise ValueError(f"bootstrap seed {seed}: expected a positive seed")
+    weights = draw_weights(baseline.shape[1], samples, seed) if weights is None else weights
+    observed, draws = contrast_draws([system, baseline], [1.0, -1.0], weights)
+    spread_low, spread_high = np.percentile(draws - observed, [5.0, 95.0])
+    return MarginResult(
+        observed,
+        float(observed - spread_high),
+        float(observed - spread_low),
+        bootstrap_p(draws, observed, -margin, "greater"),
+        bootstrap_p(draws, observed, -margin, "less"),
+        margin,
+    )
+
+
+@dataclass
+class ContrastResult:
+    """A linear contrast of independent group means, sum_i c_i mean_i, with Welch's standard error and df."""
+
+    estimate: float
+    ci_low: float  # the 95% interval
+    ci_high: float
+    p_value: float  # two-sided, of "the contrast is 0"
+    t: float
+    df: float
+    se: float
+    sizes: list[int]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def contrast_test(groups: list[list[float]], coefficients: list[float]) -> ContrastResult:
+    """The generalised Welch test of L = sum_i c_i mean_i over independent groups (e.g. training seeds per variant).
+
+    Assumes each group's values are independent draws from a normal distribution with its own variance.
+    se^2 = sum_i c_i^2 s_i^2 / n_i; df = se^4 / sum_i (c_i^2 s_i^2 / n_i)^2 / (n_i - 1) (Welch-Satterthwaite);
+    t = L / se, p two-sided from Student's t with df. Two groups with c = (1, -1) give Welch's t-test. With no
+    variance in any group the test is undefined: p is 1 for L = 0, else 0.
+    """
+    from scipy import stats
+
+    if len(groups) != len(coefficients) or any(len(g) < 2 for g in groups):
+        sizes = [len(g) for g in groups]
+        raise ValueError(f"contrast_test: {len(coefficients)} coefficients for groups of sizes {sizes}; 2+ values each")
+    sizes = [len(g) for g in groups]
+    estimate = float(sum(c * np.mean(g) for c, g in zip(coefficients, groups)))
+    parts = [c * c * np.var(g, ddof=1) / len(g) for c, g in zip(coefficients, groups)]  # c_i^2 s_i^2 / n_i
+    se = float(math.sqrt(sum(parts)))
+    if se == 0:
+        same = estimate == 0
+        df = float(sum(n - 1 for n in sizes))
+        t = 0.0 if same else math.copysign(math.inf, estimate)
+        return ContrastResult(estimate, estimate, estimate, 1.0 if same else 0.0, t, df, 0.0, sizes)
+    df = float(se**4 / sum(part**2 / (n - 1) for part, n in zip(parts, sizes)))
+    t = estimate / se
+    half = float(stats.t.ppf(0.975, df)) * se
+    return ContrastResult(
+        estimate, estimate - half, estimate + half, float(2 * stats.t.sf(abs(t), df)), t, df, se, sizes
+    )
+
+
+def non_inferiority_welch(baseline: list[float], system: list[float], margin: float) -> MarginResult | None:
+    """Non-inferiority by Welch's t over seeds: t = (delta + margin) / se with Welch-Satterthwaite df, one-sided.
+
+    p_above = P(T >= t) tests H0: delta <= -margin; p_below = P(T <= t) tests H0: delta >= -margin; the one-sided 95%
+    bounds are delta -/+ t_0.95(df) se. Assumes normal seed scores. None with fewer than MIN_SEEDS seeds a side.
+    """
+    if min(len(baseline), len(system)) < MIN_SEEDS:
+        return None
+    from scipy import stats
+
+    found = contrast_test([system, baseline], [1.0, -1.0])
+    delta, se, df = found.estimate, found.se, found.df
+    if se == 0:
+        above = delta > -margin
+        return MarginResult(delta, delta, delta, 0.0 if above else 1.0, 1.0 if above else 0.0, margin, None, df)
+    t = (delta + margin) / se
+    half = float(stats.t.ppf(0.95, df)) * se
+    return MarginResult(
+        delta, delta - half, delta + half, float(stats.t.sf(t, df)), float(stats.t.cdf(t, df)), margin, t, df
+    )
+
+
+@dataclass
+class VarianceResult:
+    """The F test of two samples' variances: ratio = s_B^2 / s_A^2 (above 1: A varies less)."""
+
+    ratio: float
+    ci_low: float  # the 95% interval of sigma_B^2 / sigma_A^2
+    ci_high: float
+    p_greater: float  # H0: sigma_B^2 <= sigma_A^2; rejected: A varies less
+    p_less: float  # H0: sigma_B^2 >= sigma_A^2; rejected: A varies more
+    dfn: int  # n_B - 1
+    dfd: int  # n_A - 1
+    critical: float  # the smallest ratio this test calls (one-sided, at alpha): what these seeds can detect
+    alpha: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def variance_ratio_test(a: list[float], b: list[float], alpha: float = 0.05) -> VarianceResult | None:
+    """F = s_B^2 / s_A^2 against F(n_B - 1, n_A - 1): one-sided p-values each way, and the critical ratio at alpha.
+
+    Assumes normal scores: the F test is very sensitive to heavier tails (a single outlying seed can make it call a
+    difference; Box 1953), so read it with the troubled-run counts. None with fewer than MIN_SEEDS values a side, or
+    when a side has no variance at all (the ratio is then undefined).
+    """
+    if min(len(a), len(b)) < MIN_SEEDS:
+        return None
+    var_a, var_b = float(np.var(a, ddof=1)), float(np.var(b, ddof=1))
+    if var_a == 0 or var_b == 0:
+        return None
+    from scipy import stats
+
+    dfn, dfd = len(b) - 1, len(a) - 1
+    ratio = var_b / var_a
+    return VarianceResult(
+        ratio,
+        ratio / float(stats.f.ppf(0.975, dfn, dfd)),
+        ratio / float(stats.f.ppf(0.025, dfn, dfd)),
+        float(stats.f.sf(ratio, dfn, dfd)),
+        float(stats.f.cdf(ratio, dfn, dfd)),
+        dfn,
+        dfd,
+        float(stats.f.isf(alpha, dfn, dfd)),
+        alpha,
+    )
+
+
+@dataclass
+class RatioResult:
+    """Welch's t-test on log values: the ratio of geometric means A / B with its 95% interval."""
+
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float  # two-sided, of "the ratio is 1"
+    t: float
+    df: float
+    sizes: list[int]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def log_ratio_test(a: list[float], b: list[float]) -> RatioResult:
+    """Welch's t-test of mean log(a) - mean log(b) (independent repeated timings; assumes log-normal ones), reported
+    as exp of the difference and of its 95% interval. Needs 2+ positive values a side."""
+    found = contrast_test([np.log(a).tolist(), np.log(b).tolist()], [1.0, -1.0])
+    return RatioResult(
+        math.exp(found.estimate),
+        math.exp(found.ci_low),
+        math.exp(found.ci_high),
+        found.p_value,
+        found.t,
+        found.df,
+        found.sizes,
+    )
+
+
+def fisher_counts(troubled_a: int, runs_a: int, troubled_b: int, runs_b: int) -> tuple[float, float]:
+    """Fisher's exact test of two counts of troubled runs: the one-sided p that A's share is lower than B's, and higher.
+
+    Conditions on the margins of the 2x2 table (troubled or not, A or B): exact for any number of runs.
+    """
+    from scipy import stats
+
+    table = [[troubled_a, runs_a - troubled_a], [troubled_b, runs_b - troubled_b]]
+    return float(stats.fisher_exact(table, alternative="less").pvalue), float(
+        stats.fisher_exact(table, alternative="greater").pvalue
+    )
