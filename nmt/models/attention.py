@@ -21,13 +21,21 @@ Windows (WINDOWS; Luong et al. 2015, sec. 3.2), around any score except location
               a_t(s) = softmax-in-window(score) * exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2   (eq. 10)
 Kinds (KINDS): soft (the expectation above) or hard (one sampled position, see HardAttention).
 
-Shape legend: B batch, T query steps, S source length, Q query dim, K key dim, A attention hidden size.
+Cost: what the mechanism costs. Global scores are O(T * S) per sentence; additive and concat compute
+v_a^T tanh(q_t + k_s) a block at a time (`additive_scores`), never holding the (B, T, S, A) tensor. A local
+window scores and sums only the W = 2D + 1 positions around p_t, O(T * D) (`LocalWindow.window`; dot and
+general without gathering all (B, T, W, K) rows at once: `window_dot`, `window_sum`); its (B, T, S) weights
+are built only when a caller asks for them (`need_weights`), as search and the attention probes do and
+teacher forcing does not.
+
+Shape legend: B batch, T query steps, S source length, Q query dim, K key dim, A attention hidden size,
+W positions of a local window, N = B * T query rows, M = B * S key rows.
 Masks are bool, True = real token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -41,8 +49,224 @@ def masked_log_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Ten
     return scores.masked_fill(~allowed, float("-inf")).log_softmax(-1)
 
 
+CHUNK = 2**20  # elements of one block of the tanh (B, T, S, A) or of gathered window rows held at once (4 MB in fp32)
+KEEP = 2**22  # additive_scores over at most this many (B, T, S, A) elements: one block, its tanh kept for backward
+
+
+def blocks(B: int, T: int, S: int, A: int, chunk: int) -> Iterator[tuple[slice, slice, slice]]:
+    """Slices of batch, queries and keys whose blocks (B', T', S', A) hold at most `chunk` elements
+    (one key row of A at least): S is split only if one query's keys alone pass it, B only if all T fit."""
+    s_size = max(1, min(S, chunk // A))
+    t_size = max(1, min(T, chunk // (s_size * A)))
+    b_size = max(1, min(B, chunk // (t_size * s_size * A)))
+    for b in range(0, B, b_size):
+        for t in range(0, T, t_size):
+            for s in range(0, S, s_size):
+                yield slice(b, b + b_size), slice(t, t + t_size), slice(s, s + s_size)
+
+
+def tanh_block(q: torch.Tensor, k: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """h = tanh(q_t + k_s) (B', T', S', A) for q (B', T', A), k (B', S', A), written into `buffer` (reused by
+    every block: a fresh block of megabytes costs more in page faults than the sum itself)."""
+    shape = (q.size(0), q.size(1), k.size(1), q.size(2))
+    hidden = buffer[: shape[0] * shape[1] * shape[2] * shape[3]].view(shape)
+    return torch.add(q[:, :, None, :], k[:, None, :, :], out=hidden).tanh_()
+
+
+class AdditiveScores(torch.autograd.Function):
+    """e_ts = v^T tanh(q_t + k_s) (B, T, S) block by block, never holding more than one block of (B, T, S, A).
+
+    With h = tanh(q_t + k_s) and g = dL/de_ts:  dL/dq_t = v * sum_s g (1 - h^2),  dL/dk_s = v * sum_t g (1 - h^2),
+    dL/dv = sum_ts g h. Backward recomputes each block's h from the saved q, k, v; when the whole (B, T, S, A)
+    is one block (a decoder step's scores), the forward's h is kept for the backward instead.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
+        ctx.save_for_backward(q, k, v)
+        ctx.chunk, ctx.hidden = chunk, None
+        (B, T, A), S = q.shape, k.size(1)
+        scores = q.new_empty(B, T, S)
+        buffer = q.new_empty(min(max(chunk, A), B * T * S * A))
+        with torch.autocast(q.device.type, enabled=False):  # in the inputs' dtype
+            for b, t, s in blocks(B, T, S, A, chunk):
+                hidden = tanh_block(q[b, t], k[b, s], buffer)  # (B', T', S', A)
+                scores[b, t, s] = hidden @ v  # (B', T', S')
+                if hidden.numel() == B * T * S * A and any(ctx.needs_input_grad[:3]):
+                    ctx.hidden = hidden  # one block: keep it rather than compute it again
+        return scores
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v = ctx.saved_tensors
+        (B, T, A), S = q.shape, k.size(1)
+        if not grad.numel():  # no block (T or S is 0): no gradient
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
+        total = torch.promote_types(q.dtype, torch.float32)  # sums over blocks kept in fp32 at least
+        # sum_s g (h^2 - 1) (B, T, A) and sum_t g (h^2 - 1) (B, S, A), written by the first block of their rows
+        across_s, across_t = q.new_empty(B, T, A, dtype=total), k.new_empty(B, S, A, dtype=total)
+        grad_v = v.new_zeros(A, dtype=total)  # sum_ts g h
+        grad = grad.to(q.dtype)
+        kept, ctx.hidden = ctx.hidden, None  # used once: a second backward recomputes it
+        buffer = None if kept is not None else q.new_empty(min(max(ctx.chunk, A), B * T * S * A))
+        with torch.autocast(q.device.type, enabled=False):
+            for b, t, s in blocks(B, T, S, A, ctx.chunk):
+                hidden = kept if kept is not None else tanh_block(q[b, t], k[b, s], buffer)  # (B', T', S', A)
+                g = grad[b, t, s]  # (B', T', S')
+                grad_v += (g.reshape(1, -1) @ hidden.reshape(-1, A))[0]
+                pre = hidden.mul_(hidden).sub_(1)  # h^2 - 1
+                rows, keys = pre.shape[0] * pre.shape[1], pre.shape[2]
+                add_to(across_s, (b, t), torch.bmm(g.reshape(rows, 1, keys), pre.view(rows, keys, A)), s.start == 0)
+                pre.mul_(g[..., None])
+                add_to(across_t, (b, s), pre[:, 0] if pre.size(1) == 1 else pre.sum(1), t.start == 0)
+        needs = ctx.needs_input_grad
+        return (
+            across_s.mul_(-v).to(q.dtype) if needs[0] else None,
+            across_t.mul_(-v).to(k.dtype) if needs[1] else None,
+            grad_v.to(v.dtype) if needs[2] else None,
+            None,
+        )
+
+
+def add_to(total: torch.Tensor, index: tuple[slice, slice], part: torch.Tensor, first: bool) -> None:
+    """total[index] += part, or = part on the first block of those rows (no zero fill beforehand)."""
+    if first:
+        total[index] = part.view(total[index].shape)
+    else:
+        total[index] += part.view(total[index].shape)
+
+
+def additive_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+    """v^T tanh(q_t + k_s) for q (B, T, A), k (B, S, A), v (A,) -> (B, T, S), without the (B, T, S, A) tensor
+    (Bahdanau et al. 2014, eq. 6; Luong et al. 2015's concat). In q's and k's common dtype (bf16 under
+    autocast), in blocks of at most `chunk` elements: by default one block up to KEEP (a decoder step's scores:
+    the backward reuses its tanh, as autograd would), CHUNK beyond."""
+    dtype, total = torch.promote_types(q.dtype, k.dtype), q.size(0) * q.size(1) * k.size(1) * q.size(2)
+    chunk = chunk or (max(total, 1) if total <= KEEP else CHUNK)
+    return AdditiveScores.apply(q.to(dtype), k.to(dtype), v.to(dtype), chunk)
+
+
+def window_blocks(index: torch.Tensor, dim: int, like: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Blocks of the query rows n of index (N, W) whose windows (N', W, dim) hold at most CHUNK elements (a row at
+    least), each with a buffer (N' * W, dim) for them: the same memory every time, so no fresh megabytes to fault in."""
+    N, W = index.shape
+    size = max(1, CHUNK // max(1, W * dim))
+    buffer = like.new_empty(min(N, size) * W, dim)
+    for start in range(0, N, size):
+        n = slice(start, start + size)
+        yield n, buffer[: index[n].numel()]
+
+
+def dot_windows(x: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x_n . table[index[n, w]] (N, W) for x (N, K), table (M, K), index (N, W)."""
+    out = x.new_empty(index.shape)
+    for n, buffer in window_blocks(index, x.size(1), x):
+        rows = torch.index_select(table, 0, index[n].flatten(), out=buffer).view(-1, index.size(1), x.size(1))
+        out[n] = torch.bmm(x[n, None, :], rows.transpose(1, 2))[:, 0]  # (N', 1, K) @ (N', K, W)
+    return out
+
+
+def sum_windows(a: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """sum_w a[n, w] table[index[n, w]] (N, K) for a (N, W), table (M, K), index (N, W)."""
+    out = a.new_empty(a.size(0), table.size(1))
+    for n, buffer in window_blocks(index, table.size(1), table):
+        rows = torch.index_select(table, 0, index[n].flatten(), out=buffer).view(-1, index.size(1), table.size(1))
+        out[n] = torch.bmm(a[n, None, :], rows)[:, 0]  # (N', 1, W) @ (N', W, K)
+    return out
+
+
+def scatter_windows(a: torch.Tensor, x: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """The table's gradient in both products: (size, K), row m the sum of a[n, w] x_n over index[n, w] = m."""
+    out = x.new_zeros(size, x.size(1))
+    for n, buffer in window_blocks(index, x.size(1), x):
+        torch.mul(a[n, :, None], x[n, None, :], out=buffer.view(-1, index.size(1), x.size(1)))  # (N', W, K)
+        out.index_add_(0, index[n].flatten(), buffer)
+    return out
+
+
+class WindowDot(torch.autograd.Function):
+    """e[n, w] = x_n . y_index[n, w] (N, W): each query against its own W rows of the table, a block at a time;
+    nothing of size (N, W, K) is kept. The gradients are the other product (sum) and scatter_windows."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, table, index)
+        with torch.autocast(x.device.type, enabled=False):
+            return dot_windows(x, table, index)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, table, index = ctx.saved_tensors
+        grad, needs = grad.to(x.dtype).contiguous(), ctx.needs_input_grad
+        with torch.autocast(x.device.type, enabled=False):
+            return (
+                sum_windows(grad, table, index) if needs[0] else None,
+                scatter_windows(grad, x, index, table.size(0)) if needs[1] else None,
+                None,
+            )
+
+
+class WindowSum(torch.autograd.Function):
+    """c_n = sum_w a[n, w] y_index[n, w] (N, K): the weighted sum over each query's own W rows of the table."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, table, index)
+        with torch.autocast(a.device.type, enabled=False):
+            return sum_windows(a, table, index)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        a, table, index = ctx.saved_tensors
+        grad, needs = grad.to(a.dtype).contiguous(), ctx.needs_input_grad
+        with torch.autocast(a.device.type, enabled=False):
+            return (
+                dot_windows(grad, table, index) if needs[0] else None,
+                scatter_windows(a, grad, index, table.size(0)) if needs[1] else None,
+                None,
+            )
+
+
+def flat_windows(source: torch.Tensor, length: int) -> torch.Tensor:
+    """Positions source (B, T, W) in sentences of `length` -> rows (B * T, W) of the flattened (B * length, *)."""
+    offsets = length * torch.arange(source.size(0), device=source.device)[:, None, None]
+    return (source + offsets).flatten(0, 1)
+
+
+def window_dot(query: torch.Tensor, table: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """q_t . y_s (B, T, W) for query (B, T, K), table (B, S, K) at each query's positions source (B, T, W), in
+    their common dtype; past one block (CHUNK) of gathered rows, a block at a time (WindowDot)."""
+    (B, S, K), dtype = table.shape, torch.promote_types(query.dtype, table.dtype)
+    x, rows, index = query.reshape(-1, K).to(dtype), table.reshape(B * S, K).to(dtype), flat_windows(source, S)
+    if index.numel() * K > CHUNK:
+        return WindowDot.apply(x, rows, index).view(source.shape)
+    with torch.autocast(x.device.type, enabled=False):  # one block: plain ops, which keep it for the backward
+        return torch.bmm(x[:, None, :], gathered(rows, index).transpose(1, 2)).view(source.shape)
+
+
+def window_sum(weights: torch.Tensor, values: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """sum_w a_t(w) v_s (B, T, H) for weights (B, T, W) over values (B, S, H) at positions source (B, T, W); past
+    one block (CHUNK) of gathered rows, a block at a time (WindowSum)."""
+    (B, S, H), dtype = values.shape, torch.promote_types(weights.dtype, values.dtype)
+    a, rows = weights.reshape(-1, source.size(-1)).to(dtype), values.reshape(B * S, H).to(dtype)
+    index = flat_windows(source, S)
+    if index.numel() * H > CHUNK:
+        return WindowSum.apply(a, rows, index).view(*source.shape[:2], H)
+    with torch.autocast(a.device.type, enabled=False):
+        return torch.bmm(a[:, None, :], gathered(rows, index)).view(*source.shape[:2], H)
+
+
+def gathered(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """table (M, K) at index (N, W) -> (N, W, K), whole rows copied (index_select)."""
+    return table.index_select(0, index.flatten()).view(*index.shape, -1)
+
+
 class Attention(nn.Module):
-    """The base: masking, softmax and the weighted sum. Subclasses write `prepare` and `score`."""
+    """The base: masking, softmax and the weighted sum. Subclasses write `prepare` and `score`, and may write
+    `score_window` (a local window's scores; dot and general read each query's W keys without gathering them)."""
 
     def prepare(self, keys: torch.Tensor) -> torch.Tensor:
         """Keys (B, S, K) -> what `score` reads (B, S, *), computed once per batch. Identity by default."""
@@ -51,6 +275,13 @@ class Attention(nn.Module):
     def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
         """query (B, T, Q), prepared keys (B, S, *) -> scores (B, T, S)."""
         raise NotImplementedError
+
+    def score_window(self, query: torch.Tensor, prepared: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """Scores (B, T, W) of each query at its own W positions source (B, T, W) (a local window): by default
+        `score` over the gathered keys (B, T, W, *), one sentence of one query per (b, t)."""
+        (B, T, W), S = source.shape, prepared.size(1)
+        keys = gathered(prepared.reshape(B * S, -1), flat_windows(source, S))  # (B * T, W, *)
+        return self.score(query.reshape(B * T, 1, -1), keys).view(B, T, W)
 
     def log_weights(
         self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
@@ -65,10 +296,12 @@ class Attention(nn.Module):
         values: torch.Tensor,
         mask: torch.Tensor,
         steps: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Context c_t (B, T, H) and weights a_t (B, T, S) for queries (B, T, Q) over values (B, S, H)."""
+        need_weights: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Context c_t (B, T, H) and weights a_t (B, T, S) (None unless need_weights) for queries (B, T, Q)
+        over values (B, S, H)."""
         weights = self.log_weights(query, prepared, mask, steps).exp()  # (B, T, S)
-        return weights @ values, weights
+        return weights @ values, weights if need_weights else None
 
 
 class Additive(Attention):
@@ -84,8 +317,7 @@ class Additive(Attention):
         return self.U_a(keys)  # (B, S, A)
 
     def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
-        hidden = torch.tanh(self.W_a(query)[:, :, None, :] + prepared[:, None, :, :])  # (B, T, S, A)
-        return self.v_a(hidden).squeeze(-1)  # (B, T, S)
+        return additive_scores(self.W_a(query), prepared, self.v_a.weight[0])  # (B, T, S)
 
 
 class Dot(Attention):
@@ -98,6 +330,9 @@ class Dot(Attention):
 
     def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
         return query @ prepared.transpose(1, 2)  # (B, T, S)
+
+    def score_window(self, query: torch.Tensor, prepared: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        return window_dot(query, prepared, source)  # (B, T, W)
 
 
 class General(Attention):
@@ -112,6 +347,9 @@ class General(Attention):
 
     def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
         return query @ prepared.transpose(1, 2)  # (B, T, S)
+
+    def score_window(self, query: torch.Tensor, prepared: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        return window_dot(query, prepared, source)  # (B, T, W)
 
 
 class Concat(Attention):
@@ -131,7 +369,7 @@ class Concat(Attention):
 
     def score(self, query: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
         q = query @ self.W_a.weight[:, : self.query_dim].T  # (B, T, A)
-        return self.v_a(torch.tanh(q[:, :, None, :] + prepared[:, None, :, :])).squeeze(-1)  # (B, T, S)
+        return additive_scores(q, prepared, self.v_a.weight[0])  # (B, T, S)
 
 
 class Location(Attention):
@@ -160,14 +398,11 @@ class LocalWindow(Attention):
     in-window weights are multiplied by exp(-(s - p_t)^2 / (2 sigma^2)), sigma = D / 2 (eq. 10). As in
     the paper they are not renormalised afterwards, so local-p weights sum to at most 1.
 
-    On a long source only a band of W = 2D + 2 positions around p_t is scored and summed (`band`), so a
-    step costs O(D), not O(S); but it gathers W prepared keys of width K per query, so on a shorter
-    source, scoring every position and masking (`dense_log_weights`, the same weights) is cheaper.
+    Only the window is scored and summed (`window`): each query gathers the W = min(2D + 1, S) positions
+    from ceil(p_t - D), so a step costs O(D), not O(S). The weights (B, T, S) are scattered out of the
+    window only when asked for (`need_weights`). `dense_log_weights` scores every position and masks: the
+    same weights at O(S) a step, the reference the window is tested against.
     """
-
-    # The band from S >= band_from * W * K: where it measured faster than scoring all S positions with the
-    # cheapest scores (dot, general; scripts/bench_attention.py): K = 64 from S ~ 500, K = 256 from S ~ 1,500.
-    band_from = 1 / 3
 
     def __init__(self, scorer: Attention, predictive: bool, size: int, query_dim: int, attn_dim: int):
         super().__init__()
@@ -197,40 +432,29 @@ class LocalWindow(Attention):
             raise ValueError("local_m attention needs the target positions (steps)")
         return torch.minimum(steps, length - 1).float()
 
-    def band(
-        self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
+    def window(
+        self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, p: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """log a_t over a band of W = min(2D + 2, S) source positions holding the window (B, T, W),
-        and the positions (B, T, W).
+        """log a_t (B, T, W) over the W = min(2D + 1, S) positions (B, T, W) that hold each window, for p_t (B, T).
 
-        Only the band is scored, so the cost is O(T * D) rather than O(T * S): each query meets its own
-        W gathered keys (the scorer sees B * T sentences of one query). The band starts at
-        floor(p_t - D), shifted to stay inside the sentence; positions of the band outside the window
-        (or on padding) get -inf, exactly as `dense_log_weights` masks them.
+        The positions start at ceil(p_t - D), shifted to stay inside the padded source: every s with
+        |s - p_t| <= D is among them. Each query is scored against its own W keys only (the scorer's
+        `score_window`); positions outside the window or on padding get -inf, as in `dense_log_weights`.
         """
-        p = self.positions(query, mask, steps)  # (B, T)
         (B, T), S = p.shape, mask.size(1)
-        width = min(2 * self.size + 2, S)
-        start = torch.floor(p - self.size).long().clamp(0, S - width)  # (B, T)
-        source = start[:, :, None] + torch.arange(width, device=query.device)  # (B, T, W) s
+        width = min(2 * self.size + 1, S)
+        start = torch.ceil(p - self.size).long().clamp(0, S - width)  # (B, T)
+        source = start[:, :, None] + torch.arange(width, device=p.device)  # (B, T, W) s
         distance = source.float() - p[:, :, None]  # (B, T, W): s - p_t, fp32
         inside = (distance.abs() <= self.size) & mask.gather(1, source.flatten(1)).view(B, T, width)
-        keys = gather_rows(prepared, source).flatten(0, 1)  # (B * T, W, *)
-        scores = self.score(query.reshape(B * T, 1, -1), keys).view(B, T, width)
-        return self.in_window(scores, distance, inside), source
-
-    def banded(self, source_len: int, key_width: int) -> bool:
-        """Whether a source of this length, with prepared keys of this width, is scored in the band only."""
-        return source_len >= self.band_from * (2 * self.size + 2) * key_width
+        return self.in_window(self.scorer.score_window(query, prepared, source), distance, inside), source
 
     def log_weights(
         self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if not self.banded(mask.size(1), prepared.size(-1)):
-            return self.dense_log_weights(query, prepared, mask, steps)
-        log_band, source = self.band(query, prepared, mask, steps)  # (B, T, W)
-        full = log_band.new_full((*source.shape[:2], mask.size(1)), float("-inf"))
-        return full.scatter(-1, source, log_band)  # (B, T, S)
+        """log a_t (B, T, S): the window's, -inf elsewhere."""
+        log_window, source = self.window(query, prepared, mask, self.positions(query, mask, steps))  # (B, T, W)
+        return log_window.new_full((*source.shape[:2], mask.size(1)), float("-inf")).scatter(-1, source, log_window)
 
     def forward(
         self,
@@ -239,26 +463,24 @@ class LocalWindow(Attention):
         values: torch.Tensor,
         mask: torch.Tensor,
         steps: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """In the band: the context from the band's values alone, the weights
-        (B, T, S) the band scattered into zeros."""
-        if not self.banded(mask.size(1), prepared.size(-1)):
-            return super().forward(query, prepared, values, mask, steps)
-        log_band, source = self.band(query, prepared, mask, steps)
-        band = log_band.exp()  # (B, T, W)
-        context = (band[:, :, None, :] @ gather_rows(values, source)).squeeze(
-            2
-        )  # (B, T, 1, W) @ (B, T, W, H) -> (B, T, H)
-        weights = band.new_zeros(*source.shape[:2], mask.size(1)).scatter_(-1, source, band)  # (B, T, S)
-        return context, weights
+        need_weights: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The context c_t (B, T, H) from the window's values alone; the weights (B, T, S), the window's
+        scattered into zeros, only if need_weights."""
+        log_window, source = self.window(query, prepared, mask, self.positions(query, mask, steps))
+        window = log_window.exp()  # (B, T, W)
+        context = window_sum(window, values, source)  # (B, T, H)
+        if not need_weights:
+            return context, None
+        return context, window.new_zeros(*source.shape[:2], mask.size(1)).scatter(-1, source, window)  # (B, T, S)
 
     def dense_log_weights(
         self, query: torch.Tensor, prepared: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The same log a_t (B, T, S) computed over every source position, then masked: O(T * S).
 
-        The straightforward reading of the equations, kept as the reference the band is tested against
-        (and whose cost scripts/bench_attention.py compares).
+        The straightforward reading of the equations, kept as the reference the window is tested against
+        (and whose cost scripts/bench_attention.py plots as "masked (was)").
         """
         p = self.positions(query, mask, steps)  # (B, T)
         source = torch.arange(mask.size(1), device=query.device, dtype=torch.float32)
@@ -271,14 +493,6 @@ class LocalWindow(Attention):
         (2 sigma^2) (eq. 10, in log space)."""
         log_a = masked_log_softmax(scores, inside)
         return log_a - distance**2 / (2 * self.sigma**2) if self.predictive else log_a
-
-
-def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x (B, S, *) at positions index (B, T, W) -> (B, T, W, *): whole rows copied (index_select),
-    not element by element."""
-    B, S, _ = x.shape
-    rows = (index + S * torch.arange(B, device=index.device)[:, None, None]).flatten()  # (B * T * W,) into (B * S, *)
-    return x.reshape(B * S, -1).index_select(0, rows).view(*index.shape, -1)
 
 
 class HardAttention(Attention):
@@ -322,11 +536,14 @@ class HardAttention(Attention):
         values: torch.Tensor,
         mask: torch.Tensor,
         steps: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        need_weights: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The context (B, T, H) at the drawn position, and the one-hot weights (B, T, S) if need_weights
+        (built in any case: the draw reads log a_t (B, T, S), a local window's scattered out of its W positions)."""
         log_a = self.log_weights(query, prepared, mask, steps)  # (B, T, S), -inf where not allowed
         if not self.training:
             weights = torch.zeros_like(log_a).scatter_(-1, log_a.argmax(-1, keepdim=True), 1.0)
-            return weights @ values, weights
+            return weights @ values, weights if need_weights else None
         exp_noise = (
             torch.empty_like(log_a).exponential_().clamp_min(torch.finfo(log_a.dtype).tiny)
         )  # E ~ Exp(1), never 0
@@ -334,7 +551,7 @@ class HardAttention(Attention):
         soft = ((log_a + gumbel) / self.tau).softmax(-1)  # (B, T, S)
         hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
         weights = hard - soft.detach() + soft  # straight-through: one-hot forward, relaxed gradient
-        return weights @ values, weights
+        return weights @ values, weights if need_weights else None
 
 
 # name -> builder(query_dim, key_dim, attn_dim, max_positions)

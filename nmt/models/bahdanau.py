@@ -49,15 +49,14 @@ class BahdanauDecoder(RNNDecoder):
         if tie_output:
             self.output.weight = embed.weight
 
-    def advance(self, emb: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
+    def advance(
+        self, emb: torch.Tensor, enc: Enc, state: State, need_attn: bool = True
+    ) -> tuple[torch.Tensor, State, torch.Tensor | None]:
         s_prev = state["h"][:, -1]  # (B, H): top layer of s_{i-1}
-        context, attn = self.attend(s_prev[:, None], enc, state["t"][:, None])  # (B, 1, H), (B, 1, S)
+        context, attn = self.attend(s_prev[:, None], enc, state["t"][:, None], need_attn)  # (B, 1, H), (B, 1, S)
         context = context[:, 0]
         t_tilde = self.readout(torch.cat([s_prev, emb, context], -1))  # (B, 2E)
         t_i = t_tilde.view(t_tilde.size(0), -1, 2).amax(-1)  # (B, E) maxout
         _, hidden = self.rnn(torch.cat([emb, context], -1)[:, None], state)  # s_i
-        return (
-            self.dropout(t_i),
-            {**state, **hidden, "t": state["t"] + 1},
-            attn[:, 0],
-        )  # logits: self.output of the first
+        # logits: self.output of the first
+        return self.dropout(t_i), {**state, **hidden, "t": state["t"] + 1}, None if attn is None else attn[:, 0]

@@ -54,19 +54,25 @@ class LuongDecoder(RNNDecoder):
             state["feed"] = enc["memory"].new_zeros(enc["memory"].size(0), self.W_c.out_features)
         return state
 
-    def attentional(self, h: torch.Tensor, enc: Enc, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h_t (B, T, H) -> h~_t = tanh(W_c [c_t; h_t]) (B, T, H) (eq. 5), and a_t (B, T, S)."""
-        context, attn = self.attend(h, enc, steps)
+    def attentional(
+        self, h: torch.Tensor, enc: Enc, steps: torch.Tensor, need_attn: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h_t (B, T, H) -> h~_t = tanh(W_c [c_t; h_t]) (B, T, H) (eq. 5), and a_t (B, T, S) (None unless
+        need_attn)."""
+        context, attn = self.attend(h, enc, steps, need_attn)
         return torch.tanh(self.W_c(torch.cat([context, h], -1))), attn
 
-    def advance(self, emb: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
+    def advance(
+        self, emb: torch.Tensor, enc: Enc, state: State, need_attn: bool = True
+    ) -> tuple[torch.Tensor, State, torch.Tensor | None]:
         x = torch.cat([emb, state["feed"]], -1) if self.input_feeding else emb  # (B, I)
         h, hidden = self.rnn(x[:, None], state)  # (B, 1, H)
-        h_tilde, attn = self.attentional(h, enc, state["t"][:, None])
+        h_tilde, attn = self.attentional(h, enc, state["t"][:, None], need_attn)
         new_state = {**state, **hidden, "t": state["t"] + 1}
         if self.input_feeding:
             new_state["feed"] = h_tilde[:, 0]
-        return self.dropout(h_tilde[:, 0]), new_state, attn[:, 0]  # logits: self.output of the first
+        # logits: self.output of the first
+        return self.dropout(h_tilde[:, 0]), new_state, None if attn is None else attn[:, 0]
 
     def features(
         self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
@@ -79,5 +85,5 @@ class LuongDecoder(RNNDecoder):
         state = self.init_state(enc)
         h, _ = self.rnn(self.dropout(self.embed(tgt_in)), state)  # (B, T, H): every h_t in one call
         steps = torch.arange(tgt_in.size(1), device=tgt_in.device).expand(tgt_in.size(0), -1)  # (B, T)
-        h_tilde, attn = self.attentional(h, enc, steps)
-        return self.dropout(h_tilde), attn if need_attn else None
+        h_tilde, attn = self.attentional(h, enc, steps, need_attn)
+        return self.dropout(h_tilde), attn

@@ -143,20 +143,31 @@ class RNNDecoder(nn.Module):
         state["t"] = torch.zeros(enc["memory"].size(0), dtype=torch.long, device=enc["memory"].device)
         return state
 
-    def advance(self, emb: torch.Tensor, enc: Enc, state: State) -> tuple[torch.Tensor, State, torch.Tensor]:
-        """Embedded previous tokens (B, E) -> the output layer's input (B, E'), new state, attention (B, S)."""
+    def advance(
+        self, emb: torch.Tensor, enc: Enc, state: State, need_attn: bool = True
+    ) -> tuple[torch.Tensor, State, torch.Tensor | None]:
+        """Embedded previous tokens (B, E) -> the output layer's input (B, E'), new state, attention (B, S)
+        (None unless need_attn)."""
         raise NotImplementedError
 
-    def attend(self, query: torch.Tensor, enc: Enc, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries (R, T, H) at target positions steps (R, T) -> context (R, T, H), weights (R, T, S).
+    def attend(
+        self, query: torch.Tensor, enc: Enc, steps: torch.Tensor, need_attn: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Queries (R, T, H) at target positions steps (R, T) -> context (R, T, H), weights (R, T, S) (None
+        unless need_attn: a local window then never builds them).
 
         R // B rows per sentence of enc: a sentence's rows query its keys in one call.
         """
         rows, sentences = query.shape[:2], enc["src_mask"].size(0)
         context, weights = self.attention(
-            by_sentence(query, sentences), enc["keys"], enc["memory"], enc["src_mask"], by_sentence(steps, sentences)
+            by_sentence(query, sentences),
+            enc["keys"],
+            enc["memory"],
+            enc["src_mask"],
+            by_sentence(steps, sentences),
+            need_weights=need_attn,
         )
-        return context.reshape(*rows, -1), weights.reshape(*rows, -1)
+        return context.reshape(*rows, -1), None if weights is None else weights.reshape(*rows, -1)
 
     def step(
         self, prev: torch.Tensor, enc: Enc, state: State, output: nn.Module | None = None
@@ -180,7 +191,7 @@ class RNNDecoder(nn.Module):
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
         features, attn = [], []
         for t in range(tgt_in.size(1)):
-            out, state, weights = self.advance(emb[:, t], enc, state)
+            out, state, weights = self.advance(emb[:, t], enc, state, need_attn)
             features.append(out)
             attn.append(weights)
         return torch.stack(features, 1), torch.stack(attn, 1) if need_attn else None
