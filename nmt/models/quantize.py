@@ -27,6 +27,7 @@ Shape legend: R rows (any leading dims flattened), I input features, O output fe
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -37,6 +38,7 @@ from nmt.models import native
 from nmt.models.attention import Attention
 from nmt.models.onednn import NativeLinear, OnednnLinear, bucket, fp32_backend
 from nmt.models.packed import PackedLinear
+from nmt.training.precision import cpu_has_int8
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -98,9 +100,18 @@ ONEDNN_MIN_OUT = 4096  # layers with this many outputs or more use oneDNN's int8
 # to 1.0x, so not for those)
 
 
+@functools.cache
 def onednn_int8() -> bool:
-    """Whether this torch has oneDNN's quantized engine (x86 builds)."""
-    return "onednn" in torch.backends.quantized.supported_engines
+    """Whether oneDNN's int8 product is usable here: this torch has its quantized engine (x86 builds) and the CPU has
+    int8 dot products (VNNI/AMX). Without them oneDNN multiplies u8 by s8 with AVX2's vpmaddubsw, whose 16-bit pair
+    sums saturate: rows of large values came out ~20% off (2026-12-06, AMD EPYC Zen 3, AVX2 only)."""
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return cpu_has_int8(f.read())
+    except OSError:
+        return False
 
 
 def pack_onednn(weight_t: torch.Tensor, scale: torch.Tensor) -> torch.ScriptObject | None:
