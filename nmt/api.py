@@ -5,7 +5,7 @@
     model.translate(["A man rides a bike."], beam=5)        # -> ["Ein Mann fährt Fahrrad."]
     model.translate(lines, beam=5, nbest=3, return_attention=True)   # -> [Result, ...]
     model.translate_file("in.txt", "out.txt", batch_size=64)
-    nmt.score(hypotheses, references)                       # sacrebleu BLEU, chrF, TER with signatures
+    nmt.score(hypotheses, references)                       # sacrebleu BLEU, chrF, chrF++, TER with signatures
     nmt.train(["experiment=quickstart", "run_dir=runs/q"])  # -> TrainResult(run_dir, results)
 
 This is the one way in: the command-line tools, the server and nmt-compare load models through
@@ -27,10 +27,10 @@ import torch
 from nmt.config import Config, DecodeConfig, check_fields
 from nmt.data.corpus import iter_lines
 from nmt.data.tokenizer import Tokenizer
+from nmt.engine import PRECISIONS, decoding_copy
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
 from nmt.models.ensemble import Ensemble
-from nmt.models.quantize import PRECISIONS, to_precision
 from nmt.models.seq2seq import Seq2Seq
 from nmt.runtime import resolve_device
 from nmt.translation import Translation, Translator, unscored
@@ -91,7 +91,9 @@ def load_model(
     if slow and slow not in _WARNED:  # once per process
         _WARNED.add(slow)
         print(f"warning: {slow}", file=sys.stderr)
-    models = [to_precision(model, precision) for model, _, _ in loaded]
+    models = []
+    while loaded:  # one trained model at a time becomes its decoding copy, and is let go
+        models.append(decoding_copy(loaded.pop(0)[0], precision))
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Loaded(model, tokenizer, train_cfg, payloads[0]["step"], payloads[0]["path"])
 
@@ -341,11 +343,19 @@ def load(
 def score(
     hypotheses: Sequence[str],
     references: Sequence[str] | Sequence[Sequence[str]],
-    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+    metrics: Sequence[str] = ("bleu", "chrf", "chrf++", "ter"),
+    sources: Sequence[str] | None = None,
+    comet_model: str | None = None,
+    comet_batch_size: int = 16,
+    comet_device: str = "auto",
+    comet_progress: bool = True,
+    comet_cache: str | Path | None | bool = None,
 ) -> dict[str, Score]:
-    """Corpus scores of hypotheses against one reference per line (or several: a list of reference lists),
-    from sacrebleu."""
-    from nmt.evaluation.metrics import METRICS
+    """Corpus scores of hypotheses against one reference per line (or several: a list of reference lists), from
+    sacrebleu; and COMET (the comet extra, nmt.evaluation.comet) when `comet_model` names a COMET checkpoint, its
+    folder or a downloaded model (never fetched): the mean of its segment scores, which need `sources` and one
+    reference per line. COMET scores are cached in `comet_cache` (None: ~/.cache/nmt/comet; False: none)."""
+    from nmt.evaluation.metrics import METRICS, check_metrics
 
     hyps = list(hypotheses)
     refs = (
@@ -356,11 +366,18 @@ def score(
             raise NmtError(
                 f"references[{k}]: {len(ref)} lines for {len(hyps)} hypotheses; expected one reference per hypothesis"
             )
-    for name in metrics:
-        if name not in METRICS:
-            raise NmtError(f"metrics: unknown metric '{name}'; expected one of {', '.join(METRICS)}")
+    metrics = list(metrics) + (["comet"] if comet_model is not None and "comet" not in metrics else [])
+    check_metrics(metrics)
     result = {}
     for name in metrics:
+        if name == "comet":
+            from nmt.evaluation.comet import api_comet
+
+            found = api_comet(
+                hyps, refs, sources, comet_model, comet_batch_size, comet_device, comet_progress, comet_cache
+            )
+            result[name] = Score(found.system, found.signature)
+            continue
         scorer = METRICS[name]()
         found = scorer.corpus_score(hyps, refs)
         result[name] = Score(float(found.score), str(scorer.get_signature()))

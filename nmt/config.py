@@ -125,7 +125,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """Architecture; `arch` picks the builder in nmt.models.seq2seq.BUILDERS.
+    """Architecture; `arch` picks the builder in nmt.models.builders.BUILDERS.
 
     One flat schema for every arch: each key says which archs read it (the others ignore it).
     """
@@ -257,7 +257,7 @@ class DecodeConfig:
     max_src_len: int = key(1024, at_least(1))  # longer sources are cut to this many subword tokens, with a warning
     batch_size: int = key(64, at_least(1))  # sentences per batch
     batch_tokens: int = key(32768, at_least(1))  # and at most this many beam rows x padded source tokens per batch
-    # linear layers in bf16 or int8 for every search (nmt/models/quantize.py):
+    # linear layers in bf16 or int8 for every search (nmt/engine/quantize.py):
     # translate, evaluate, serve, validation, nmt-compare
     precision: str = key("fp32", one_of("fp32", "bf16", "int8"))
     # a vocabulary map (nmt-shortlist): the output layer scores only each batch's candidate tokens
@@ -349,6 +349,36 @@ class TranslateConfig:
 
 
 @dataclass
+class CometConfig:
+    """COMET (unbabel-comet, the comet extra; nmt.evaluation.comet): the model and how to run it. Nothing is fetched:
+    the model is a checkpoint on disk or a name already downloaded into the Hugging Face cache."""
+
+    # a COMET checkpoint (MODEL/checkpoints/model.ckpt), its folder MODEL, or a downloaded name (Unbabel/wmt22-comet-da)
+    model: Optional[str] = None
+    batch_size: int = key(16, at_least(1))  # segments per batch
+    device: str = key("auto", one_of("auto", "cpu", "cuda"))  # auto: CUDA when available
+    progress: bool = True  # COMET's progress bar (on stderr)
+    # the folder of cached scores, one file per (model, sources, hypotheses, references); default: ~/.cache/nmt/comet
+    # for nmt-evaluate and nmt.score, OUT/comet_cache for nmt-compare
+    cache: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, "comet.")
+
+
+def check_metric_list(metrics: list[str], comet: CometConfig) -> None:
+    """Known names, each once; COMET needs its model."""
+    from nmt.evaluation.metrics import check_metrics
+
+    check_metrics(metrics)
+    require(
+        "comet" not in metrics or comet.model is not None,
+        "metrics: comet needs its model: give comet.model=PATH (MODEL/checkpoints/model.ckpt or its folder) or the "
+        "name of a downloaded model (e.g. comet.model=Unbabel/wmt22-comet-da)",
+    )
+
+
+@dataclass
 class EvaluateConfig:
     """nmt-evaluate: score a checkpoint on a split of its data or on src/ref files, or score hyp against ref."""
 
@@ -365,10 +395,17 @@ class EvaluateConfig:
     )  # torch intra-op threads (None: torch's default; 1 per worker with workers > 1)
     workers: int = key(1, at_least(1))  # processes that search batches, as nmt-translate's workers
     progress: bool = True
+    # printed in this order: bleu, chrf, chrf++, ter, bleu_lc (sacrebleu) and comet (needs comet.model, and src=FILE
+    # with hyp=FILE); comet.model=... alone adds comet to the list
+    metrics: list[str] = field(default_factory=lambda: ["bleu", "chrf", "chrf++", "ter", "bleu_lc"])
+    comet: CometConfig = field(default_factory=CometConfig)
 
     def __post_init__(self) -> None:
         check_fields(self, "")
         check_workers(self.workers, self.decode)
+        if self.comet.model is not None and "comet" not in self.metrics:
+            self.metrics = [*self.metrics, "comet"]
+        check_metric_list(self.metrics, self.comet)
 
 
 @dataclass
@@ -551,6 +588,8 @@ class CompareConfig:
     )  # local: `jobs` processes here; slurm: a job per run
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     progress: bool = True  # a bar over the whole comparison when stderr is a terminal
+    # comet.model=...: the report scores every finished run's test output with COMET too (cached in OUT/comet_cache)
+    comet: CometConfig = field(default_factory=CometConfig)
 
     def __post_init__(self) -> None:
         check_fields(self, "")

@@ -1,4 +1,5 @@
-"""Process-wide set-up: devices, seeds, and the random generator states that exact resume restores."""
+"""Process-wide set-up: devices, what the CPU offers, seeds, and the random generator states that exact resume
+restores."""
 
 from __future__ import annotations
 
@@ -39,6 +40,31 @@ def cpu_info(field: str) -> str:
     except OSError:
         pass
     return ""
+
+
+def cpu_has_int8(cpuinfo: str) -> bool:
+    """Whether a /proc/cpuinfo text lists int8 dot-product instructions on its first CPU (x86 "flags": AVX512-VNNI,
+    AVX-VNNI or AMX-INT8; ARM "Features": asimddp or i8mm), which torch's int8 matrix products need to be fast."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(value.split()))
+        if key.strip() == "Features":
+            return bool({"asimddp", "i8mm"} & set(value.split()))
+    return False
+
+
+def cpu_has_bf16(cpuinfo: str) -> bool:
+    """Whether a /proc/cpuinfo text lists bf16 matrix instructions (AVX512-BF16 or AMX-BF16) on its first CPU
+    (x86 "flags"; on ARM "Features" with "bf16", e.g. Neoverse V1/Graviton3)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            flags = value.split()
+            return "avx512_bf16" in flags or "amx_bf16" in flags
+        if key.strip() == "Features":
+            return "bf16" in value.split()
+    return False
 
 
 def seed_everything(seed: int) -> None:

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.models import native
-from nmt.models.seq2seq import Seq2Seq, reorder
+from nmt.engine import native
+from nmt.models.seq2seq import Seq2Seq, prefill, reorder
 
 
 @dataclass
@@ -75,7 +75,7 @@ def forbidden(step: int, min_len: int) -> list[int]:
 
 def candidates(logits: torch.Tensor, step: int, min_len: int, count: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's `count` best log_probs(logits, step, min_len) and tokens (best first), found by one C pass per
-    row that writes no (B, V) log-softmax (nmt.models.native); None where that kernel cannot (no kernels, too
+    row that writes no (B, V) log-softmax (nmt.engine.native); None where that kernel cannot (no kernels, too
     few tokens): then the caller computes log_probs. The same candidates up to the last bits of the log-sum-exp."""
     banned = forbidden(step, min_len)
     rows, width = logits.shape
@@ -90,7 +90,7 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     is largest, and that value's place in the block is the first largest there. The same index as argmax."""
     rows, width = x.shape
     if native.usable(x) and x.is_contiguous() and width:
-        return native.row_argmax(x)  # one pass per row in C (nmt.models.native)
+        return native.row_argmax(x)  # one pass per row in C (nmt.engine.native)
     block = next((b for b in BLOCKS if width % b == 0 and width // b > 1), None)
     if block is None:
         return x.argmax(1)
@@ -161,23 +161,6 @@ def scores_of(logits: torch.Tensor, step: int, min_len: int, history: torch.Tens
     if not repetition.active:
         return log_probs(logits, step, min_len)
     return repetition.ban(log_probs(repetition.logits(logits, history), step, min_len), history)
-
-
-def prefill(model, tokens: torch.Tensor, enc: dict, state: dict, **step_args):
-    """Teacher-force `tokens` (B, P) through the decoder: logits (B, P, V), the state after them, attention (B, P, S).
-    One pass where the model or its decoder has one (`prefill`: the Transformer's, a shortlist's), else a step per
-    token (the RNNs and ensembles, whose steps are sequential by nature). `step_args` go to every step (output=)."""
-    if hasattr(model, "prefill"):
-        return model.prefill(tokens, enc, state, **step_args)
-    decoder = getattr(model, "decoder", None)
-    if decoder is not None and hasattr(decoder, "prefill"):
-        return decoder.prefill(tokens, enc, state, **step_args)
-    out, attn = [], []
-    for i in range(tokens.size(1)):
-        logits, state, weights = model.step(tokens[:, i], enc, state, **step_args)
-        out.append(logits)
-        attn.append(weights)
-    return torch.stack(out, 1), state, torch.stack(attn, 1)
 
 
 @dataclass

@@ -5,8 +5,8 @@ The candidates of a batch are the `frequent` most frequent target tokens, PAD/UN
 prefixes and constraints name, and each of its source tokens' likeliest translations, p(target | source) of IBM
 Model 1 (Brown et al. 1993) trained by EM on the training corpus (`build`). The search then runs over that small
 vocabulary: softmax over the candidates (as Marian and CTranslate2 do), token ids local to the batch, mapped
-back at the end. The candidates are sorted and start with the special ids 0..3, so those keep their ids and the
-search never asks whether a shortlist is on.
+back at the end (nmt.engine.shortlist: a decoding copy cut to a batch's candidates). The candidates are sorted and
+start with the special ids 0..3, so those keep their ids and the search never asks whether a shortlist is on.
 
 The file is CTranslate2's vocabulary map (`vmap.txt`): one line per source piece, `PIECE<TAB>CANDIDATE ...`
 (target pieces, likeliest first), and a first line with an empty key listing the tokens always included; so
@@ -22,11 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
-from nmt.data.tokenizer import EOS, PAD, Tokenizer
+from nmt.data.tokenizer import PAD, Tokenizer
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
 
@@ -103,7 +100,7 @@ def write(table: dict[str, list[str]], path: str | Path, key: str = "out") -> No
             f.write(f"{source}\t{' '.join(targets)}\n")
 
 
-# --- using ------------------------------------------------------------------------------------------------------
+# --- reading ----------------------------------------------------------------------------------------------------
 class Shortlist:
     """A vocabulary map read against a tokenizer: fixed candidates and, per source id, its candidates' ids."""
 
@@ -193,85 +190,3 @@ def read_shortlist(path: str, tokenizer: Tokenizer) -> Shortlist:
             _READ.pop(next(iter(_READ)))
         _READ[key] = Shortlist.read(path, tokenizer)
     return _READ[key]
-
-
-def restrict(layer: nn.Module, vocab: torch.Tensor) -> nn.Module:
-    """The output layer cut to the rows of `vocab` (W,): the same kind of layer (fp32, bf16 or int8), W outputs."""
-    if hasattr(layer, "rows"):
-        return layer.rows(vocab)
-    if not isinstance(layer, nn.Linear):
-        raise NmtError(f"decode.shortlist: the output layer is a {type(layer).__name__}; expected a linear layer")
-    return Rows(layer.weight.index_select(0, vocab), None if layer.bias is None else layer.bias.index_select(0, vocab))
-
-
-class Rows(nn.Module):
-    """A linear layer of given weight (W, E) and bias (W,): an fp32 output layer cut to a shortlist."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__()
-        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
-        self.out_features = weight.size(0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-def _inner(model: nn.Module) -> nn.Module:
-    """The model under wrappers that only intercept step() (nmt.serve.lanes.Stoppable)."""
-    return getattr(model, "_model", model)
-
-
-def outputs_for(model: nn.Module, vocab: torch.Tensor):
-    """What `step(..., output=)` takes for this model: its output layer cut to `vocab`; for an ensemble, a list."""
-    inner = _inner(model)
-    if hasattr(inner, "models"):
-        return [outputs_for(m, vocab) for m in inner.models]
-    return restrict(inner.decoder.output, vocab)
-
-
-def _layers(output) -> list[nn.Module]:
-    """The cut output layers of `outputs_for` (one, or an ensemble's nested list)."""
-    if isinstance(output, list):
-        return [layer for part in output for layer in _layers(part)]
-    return [output]
-
-
-class Shortlisted(nn.Module):
-    """A model whose vocabulary is a batch's candidates: token ids in and out are positions in `vocab` (W,)
-    (sorted, SPECIALS first, so PAD/UNK/BOS/EOS keep their ids)."""
-
-    def __init__(self, model: nn.Module, vocab: torch.Tensor):
-        super().__init__()
-        if vocab.numel() < SPECIALS or int(vocab[EOS]) != EOS:
-            raise ValueError("a shortlist's candidates must start with the special ids 0..3")
-        self.output = outputs_for(model, vocab)
-        # a cut may have more outputs than candidates (an int8 cut has whole blocks of the kernel's), each -inf:
-        # never a token, so mapped to PAD
-        widths = {layer.out_features for layer in _layers(self.output)}
-        if len(widths) != 1:
-            raise ValueError(f"an ensemble's shortlisted output layers have different widths {sorted(widths)}")
-        extra = widths.pop() - vocab.numel()
-        self.model, self.vocab = model, F.pad(vocab, (0, extra), value=PAD) if extra > 0 else vocab
-
-    def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
-        return self.model.encode(src, src_mask)
-
-    def init_state(self, enc):
-        return self.model.init_state(enc)
-
-    def step(self, prev: torch.Tensor, enc, state):
-        """prev (R,) local ids -> logits (R, W) over the candidates (W: self.vocab's size; places past the
-        candidates -inf), the new state, attention (R, S)."""
-        return self.model.step(self.vocab[prev], enc, state, output=self.output)
-
-    def prefill(self, tokens: torch.Tensor, enc, state):
-        """tokens (R, P) local ids -> logits (R, P, W), the state after them, attention (R, P, S)."""
-        from nmt.search import prefill
-
-        return prefill(self.model, self.vocab[tokens], enc, state, output=self.output)
-
-
-def local_ids(vocab: list[int], ids: Iterable[int]) -> list[int]:
-    """Full-vocabulary ids -> positions in the sorted candidate list (each id must be a candidate)."""
-    where = {v: i for i, v in enumerate(vocab)}
-    return [where[i] for i in ids]

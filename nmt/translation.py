@@ -128,7 +128,7 @@ class Translator:
         (nmt.constraints: lexically constrained beam search)."""
         if self.shortlist is None:
             return self._search(self.model, src_ids, prefix_ids, constraints, avoid)
-        from nmt.shortlist import Shortlisted, local_ids
+        from nmt.engine.shortlist import Shortlisted, local_ids
 
         phrases = [p for group in (constraints or []) + (avoid or []) for p in group]
         extra = [t for p in prefix_ids or [] for t in p] + [t for p in phrases for t in p]

@@ -126,9 +126,13 @@ def nmt_worker(job: dict) -> dict:
 
     from nmt.config import DecodeConfig, ModelConfig
     from nmt.data.tokenizer import Tokenizer
-    from nmt.models.seq2seq import build_model
     from nmt.training.checkpoint import load_checkpoint
     from nmt.translation import Translator
+
+    try:
+        from nmt.models.builders import build_model
+    except ImportError:  # a baseline from before nmt.models.builders
+        from nmt.models.seq2seq import build_model
 
     # only the model section of the saved config, so that a baseline whose other schemas differ loads it too
     payload = load_checkpoint(job["checkpoint"])
@@ -142,11 +146,15 @@ def nmt_worker(job: dict) -> dict:
     # the decoding copy nmt.load / nmt-translate / nmt-serve make (fused projections, the fp32 backend's linears;
     # before 2026-12-03 fp32 rows of one process ran the plain model); a baseline without one runs its plain model
     try:
-        from nmt.models.quantize import PRECISIONS, to_precision
-    except ImportError:
-        PRECISIONS, to_precision = (), None
+        from nmt.engine import PRECISIONS, decoding_copy
+    except ImportError:  # a baseline from before nmt.engine, or before decoding copies
+        try:
+            from nmt.models.quantize import PRECISIONS
+            from nmt.models.quantize import to_precision as decoding_copy
+        except ImportError:
+            PRECISIONS, decoding_copy = (), None
     if job["precision"] in PRECISIONS:
-        model = to_precision(model, job["precision"])
+        model = decoding_copy(model, job["precision"])
     elif job["precision"] != "fp32":
         raise SystemExit(f"this tree has no precision {job['precision']}")
     fixed, beam = job["fixed_len"], job["beam"]
@@ -290,7 +298,7 @@ def untrained_checkpoints(args, work: Path) -> tuple[list[tuple[str, Path]], int
     from nmt.config import Config, DataConfig, ModelConfig
     from nmt.data.corpus import read_lines
     from nmt.data.tokenizer import Tokenizer
-    from nmt.models.seq2seq import build_model
+    from nmt.models.builders import build_model
     from nmt.training.checkpoint import save_checkpoint
 
     start = time.perf_counter()

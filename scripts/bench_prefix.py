@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from nmt.config import ModelConfig  # noqa: E402
 from nmt.data.batching import make_batch  # noqa: E402
 from nmt.data.tokenizer import BOS  # noqa: E402
-from nmt.models.seq2seq import build_model  # noqa: E402
+from nmt.models.builders import build_model  # noqa: E402
 from nmt.search import greedy_search, max_lengths  # noqa: E402
 
 

@@ -88,9 +88,11 @@ def test_precision_and_bad_arguments(trained):
 def test_score_is_sacrebleu_with_signatures():
     hyps, refs = ["the cat sat on the mat", "a dog"], ["the cat sat on a mat", "a big dog"]
     scores = nmt.score(hyps, refs)
-    assert set(scores) == {"bleu", "chrf", "ter"}
+    assert list(scores) == ["bleu", "chrf", "chrf++", "ter"]
     assert scores["bleu"].score == pytest.approx(BLEU().corpus_score(hyps, [refs]).score)
     assert scores["chrf"].score == pytest.approx(CHRF().corpus_score(hyps, [refs]).score)
+    assert scores["chrf++"].score == pytest.approx(CHRF(word_order=2).corpus_score(hyps, [refs]).score)
+    assert "nw:2" in scores["chrf++"].signature
     assert "nrefs:1" in scores["bleu"].signature and float(scores["bleu"]) == scores["bleu"].score
     two = nmt.score(hyps, [refs, ["the cat sat on the mat", "a dog"]], metrics=("bleu",))
     assert "nrefs:2" in two["bleu"].signature and two["bleu"].score == pytest.approx(100.0)

@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_leaves
 
 from nmt.config import ModelConfig
 from nmt.models.attention import AdditiveScores, WindowDot, WindowSum, additive_scores, make_attention
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from tests.conftest import random_batch
 
 
@@ -115,8 +115,9 @@ def test_window_only_equals_scoring_every_position_then_masking(
         want = dense[3] if need_weights else run(False, False)[3]
         for got, expected in zip(window_only[3], want):
             assert (got is None) == (expected is None)
-            if got is not None:
-                torch.testing.assert_close(got, expected)
+            if got is not None:  # sums over every query and key in another order: float32 rounding (rtol 1e-4
+                # holds on AVX2 and AVX-512 CPUs, whose kernels round differently)
+                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("window", ["local_m", "local_p"])

@@ -7,7 +7,7 @@ import torch
 from nmt.config import Config, DataConfig, ModelConfig
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from nmt.training.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 
 

@@ -110,9 +110,9 @@ def test_tables_come_from_the_runs(out):
     ]
     mean, std = sum(bleu) / 2, abs(bleu[0] - bleu[1]) / 2**0.5
     assert good[1] == f"{mean:.1f} ± {std:.1f}"
-    assert good[8] == "0.350 ± 0.071"  # AER of seeds 1 and 2: 0.3, 0.4
+    assert good[9] == "0.350 ± 0.071"  # AER of seeds 1 and 2: 0.3, 0.4
     assert (
-        good[11] == "43s"
+        good[12] == "43s"
     )  # the mean of wall_s 42 and 44 (results.json files without train_s), as nmt-train prints it
     base_bleu = [
         json.loads((out / "runs" / "base" / f"seed{s}" / "eval.json").read_text())["scores"]["bleu"]["score"]
@@ -194,3 +194,25 @@ def test_an_extended_variant_kept_the_shared_budget_in_its_first_part(out):
     build_report(out)
     headline = (out / "report.md").read_text().split("## Main results")[0]
     assert "differ in: training budget" in headline and "budgets differ between runs" in headline
+
+
+def test_chrf_plus_plus_is_filled_in_for_runs_scored_before_it_existed(out):
+    """The fixture's eval.json files have no "chrf++" (as a comparison scored by older code): the report computes it
+    from each run's test.hyp with sacrebleu's CHRF(word_order=2), says so, and leaves eval.json as it was."""
+    from sacrebleu.metrics import CHRF
+
+    path = out / "runs" / "good" / "seed1" / "eval.json"
+    before = path.read_text()
+    build_report(out)
+    assert path.read_text() == before
+    report = (out / "report.md").read_text()
+    per_seed = [CHRF(word_order=2).corpus_score(OUTPUTS["good"][s], [REF]).score for s in (1, 2)]
+    mean, std = np.mean(per_seed), np.std(per_seed, ddof=1)
+    assert main_rows(report)["good"][7] == f"{mean:.1f} ± {std:.1f}"
+    assert "Filled in by the report" in report and "good seed 1" in report and "nw:2" in report
+    with open(out / "results.csv", newline="") as f:
+        rows = {row["variant"]: row for row in csv.DictReader(f)}
+    assert float(rows["good"]["chrf++_mean"]) == pytest.approx(mean, abs=1e-3)
+    results = json.loads((out / "results.json").read_text())
+    assert "base seed 2" in results["filled_by_report"] and results["comet"] is None
+    assert results["consistency"]["signatures"]["chrf++"][0].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:2")

@@ -139,9 +139,9 @@ def test_defaults_pass_their_own_checks():
 
 def test_the_composition_checks_know_the_builders_names():
     """nmt.models.checks (torch-free, run by the config) lists exactly the names the builders look up."""
-    from nmt.models import attention, checks, rnn, seq2seq
+    from nmt.models import attention, builders, checks, rnn
 
-    assert set(checks.ARCHS) == set(seq2seq.BUILDERS)
+    assert set(checks.ARCHS) == set(builders.BUILDERS)
     assert set(checks.SCORES) == set(attention.SCORES)
     assert set(checks.CELLS) == set(rnn.CELLS)
 

@@ -1,4 +1,4 @@
-"""A decoding copy's Transformer steps (to_precision: prescaled queries, padded cross-attention keys, caches
+"""A decoding copy's Transformer steps (decoding_copy: prescaled queries, padded cross-attention keys, caches
 allocated ahead and written in place) give what the training model's steps give, however a state is used."""
 
 import math
@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
-from nmt.models.quantize import to_precision
-from nmt.models.seq2seq import build_model, reorder, select_rows
-from nmt.models.transformer import ROOM, SHORT
+from nmt.engine import decoding_copy
+from nmt.engine import transformer as engine
+from nmt.engine.transformer import ROOM, SHORT
+from nmt.models.builders import build_model
+from nmt.models.seq2seq import reorder
 from nmt.search import BOS, beam_search, greedy_search
 from tests.conftest import random_batch
 
@@ -22,7 +24,7 @@ def pair(heads: int = 2, dim: int = 32):
     torch.manual_seed(0)
     trained = build_model(cfg, VOCAB, VOCAB, joint=True).eval()
     torch.manual_seed(0)
-    return trained, to_precision(build_model(cfg, VOCAB, VOCAB, joint=True).eval(), "fp32")
+    return trained, decoding_copy(build_model(cfg, VOCAB, VOCAB, joint=True).eval(), "fp32")
 
 
 def run_steps(model, src, src_mask, tokens):
@@ -40,8 +42,10 @@ def run_steps(model, src, src_mask, tokens):
 @pytest.mark.parametrize("heads", [2, 4])  # head dim 16 (1/4: prescaled exactly) and 8 (1/sqrt(8): scaled per step)
 def test_decoding_copy_steps_equal_teacher_forcing_past_the_allocated_room(heads):
     trained, copy = pair(heads)
-    assert copy.decoder.decoding and not trained.decoder.decoding
-    assert copy.decoder.layers[0].self_attn.prescaled == (math.frexp(1 / math.sqrt(32 // heads))[0] == 0.5)
+    assert isinstance(copy.decoder, engine.TransformerDecoder) and not isinstance(
+        trained.decoder, engine.TransformerDecoder
+    )
+    assert (copy.decoder.layers[0].self_attn.scale == 1.0) == (math.frexp(1 / math.sqrt(32 // heads))[0] == 0.5)
     steps = ROOM * 3 + 5  # the caches grow more than once
     batch = random_batch(VOCAB, src_lens=(7, 3, 20, 1), tgt_lens=(steps,) * 4, seed=3)
     tokens = torch.cat([torch.full((4, 1), BOS), batch.tgt_in[:, 1:steps]], 1)
@@ -118,20 +122,6 @@ def test_reordered_states_share_the_caches_and_each_branch_steps_as_its_own_repl
             if index.tolist() == [1, 0]:
                 want2, _, _ = copy.step(torch.tensor([13, 13]), e, replay)
                 torch.testing.assert_close(a2, want2, rtol=0, atol=1e-6)
-
-
-def test_select_rows_keeps_a_cache_room_and_equals_index_select():
-    buffer = torch.randn(3, 2, 10, 4)
-    view = buffer[:, :, :6]
-    index = torch.tensor([2, 2, 0, 1, 0])
-    got = select_rows(view, index)
-    assert torch.equal(got, view.index_select(0, index))
-    assert got.stride(1) == 10 * 4  # the room is kept: a step writes position 6 in place
-    plain = torch.randn(3, 5, 7)
-    assert torch.equal(select_rows(plain, index), plain.index_select(0, index))
-    assert torch.equal(select_rows(plain.transpose(1, 2), index), plain.transpose(1, 2).index_select(0, index))
-    state = reorder({"self_k0": view, "rows": torch.arange(3)}, index)
-    assert state["rows"].tolist() == [2, 2, 0, 1, 0]
 
 
 def test_decoding_copy_searches_equal_the_trained_model_with_short_and_long_sources():

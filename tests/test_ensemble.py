@@ -6,8 +6,8 @@ import torch
 from nmt.cli import translate
 from nmt.config import Config, DataConfig, ModelConfig
 from nmt.data.tokenizer import BOS, EOS, Tokenizer
+from nmt.models.builders import build_model
 from nmt.models.ensemble import Ensemble
-from nmt.models.seq2seq import build_model
 from nmt.search import beam_search, greedy_search
 from nmt.training.checkpoint import save_checkpoint
 from tests.conftest import random_batch, write

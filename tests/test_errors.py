@@ -11,7 +11,7 @@ import torch
 from nmt.cli import average, evaluate, train, translate
 from nmt.config import Config, DataConfig, ModelConfig
 from nmt.data.tokenizer import Tokenizer
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from nmt.training.checkpoint import save_checkpoint
 from tests.conftest import write
 from tests.test_checkpoint import WritesAFile

@@ -8,7 +8,7 @@ from nmt.config import Config, DataConfig, DecodeConfig, ModelConfig
 from nmt.data.batching import make_batch
 from nmt.data.corpus import read_lines
 from nmt.data.tokenizer import Tokenizer
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from nmt.training.checkpoint import save_checkpoint
 from nmt.translation import Translator
 from tests.test_cli import cli

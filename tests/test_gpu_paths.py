@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.engine.quantize import padded_int_mm
 from nmt.errors import NmtError
-from nmt.models.quantize import padded_int_mm
 from nmt.runtime import resolve_device
 from nmt.training import precision
 from tests.test_cli import cli

@@ -158,7 +158,7 @@ def test_blockwise_loss_rejects_misshapen_inputs():
 def test_logits_of_the_live_positions_are_those_of_the_full_forward(arch):
     """Seq2Seq.forward(..., live) runs the output layer on the live positions only; they equal the full logits there."""
     from nmt.config import ModelConfig
-    from nmt.models.seq2seq import build_model
+    from nmt.models.builders import build_model
     from tests.conftest import random_batch
 
     torch.manual_seed(0)

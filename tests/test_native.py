@@ -1,4 +1,4 @@
-"""The fused CPU kernels (nmt.models.native) compute what the torch operators they replace compute: the int8
+"""The fused CPU kernels (nmt.engine.native) compute what the torch operators they replace compute: the int8
 chains bit for bit, attention to float rounding; the search's outputs do not depend on them or on when ended rows
 leave the batch; and without a compiler everything falls back to torch."""
 
@@ -7,9 +7,9 @@ import torch
 
 import nmt.search as search
 from nmt.config import ModelConfig
-from nmt.models import native
-from nmt.models.quantize import Int8Linear, pinned_row, to_precision
-from nmt.models.seq2seq import build_model
+from nmt.engine import decoding_copy, layers, native
+from nmt.engine.quantize import Int8Linear, pinned_row
+from nmt.models.builders import build_model
 from tests.conftest import random_batch
 
 built = pytest.mark.skipif(native.library() is None, reason="no C compiler here: the kernels fall back to torch")
@@ -136,7 +136,7 @@ def test_self_attention_kernel_writes_the_cache_and_attends_over_it():
 def tiny(precision):
     cfg = ModelConfig(dim=64, layers=2, dropout=0.0, arch="transformer", heads=4, ffn_dim=128)
     torch.manual_seed(0)
-    return to_precision(build_model(cfg, 50, 50, joint=True).eval(), precision)
+    return decoding_copy(build_model(cfg, 50, 50, joint=True).eval(), precision)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
@@ -201,11 +201,11 @@ def test_the_kernels_compile_wherever_there_is_a_compiler(tmp_path):
 def test_a_whole_layer_in_one_call_steps_as_the_layer_does(precision, monkeypatch):
     """native.layer_step (int8) and layer_step32 (fp32 on MKL's packed products or nmt's AVX-512 one) against the
     same decoding copy stepping through torch's operators, over more steps than the caches' first room."""
-    from nmt.models.onednn import fp32_backend
+    from nmt.engine.onednn import fp32_backend
 
     model = tiny(precision)
     layer = model.decoder.layers[0]
-    made = native.layer8(layer) if precision == "int8" else native.layer32(layer)
+    made = layers.layer8(layer) if precision == "int8" else layers.layer32(layer)
     if made is None:  # no fused layer: only where its products are not built here
         assert (precision == "int8" and not native.vnni()) or (
             precision == "fp32" and fp32_backend() not in ("mkl", "native")
@@ -223,8 +223,8 @@ def test_a_whole_layer_in_one_call_steps_as_the_layer_does(precision, monkeypatc
         return out
 
     fused = steps()
-    monkeypatch.setattr(native, "layer8", lambda layer: None)
-    monkeypatch.setattr(native, "layer32", lambda layer: None)
+    monkeypatch.setattr(layers, "layer8", lambda layer: None)
+    monkeypatch.setattr(layers, "layer32", lambda layer: None)
     plain = steps()
     tolerance = 1e-5 if precision == "fp32" else 2e-3  # int8: a norm's last bit can move a value's quantum
     for (a, attn_a), (b, attn_b) in zip(fused, plain):
@@ -239,11 +239,11 @@ def test_the_whole_decoder_step_in_one_call_equals_its_layers_called_one_by_one(
     """native.decoder_step (embedding, every layer, final norm, attention mean) against the same decoding copy
     calling each layer's kernel from Python: beam search (rows reordered every step) and greedy give the same
     hypotheses, scores and attention; a token outside the vocabulary is an IndexError, not a read out of bounds."""
-    from nmt.models.transformer import TransformerDecoder
+    from nmt.engine.transformer import TransformerDecoder
 
     cfg = ModelConfig(dim=64, layers=2, dropout=0.0, arch="transformer", heads=4, ffn_dim=128, norm=norm)
     torch.manual_seed(1)
-    model = to_precision(build_model(cfg, 50, 50, joint=True).eval(), precision)
+    model = decoding_copy(build_model(cfg, 50, 50, joint=True).eval(), precision)
     batch = random_batch(50, src_lens=(9, 3, 14, 5), tgt_lens=(4,) * 4, seed=6)
     max_len = torch.full((4,), 20)
     calls = []
@@ -280,11 +280,11 @@ def test_the_whole_encoder_in_one_call_equals_its_modules(precision, norm, monke
     """native.encoder_forward (embedding, every layer, final norm) against the same decoding copy's modules: the
     memory to float rounding (its norms are the kernels', not torch's), each sentence's alone as in its padded
     batch, and the same greedy outputs; a token outside the vocabulary is an IndexError."""
-    from nmt.models.transformer import TransformerEncoder
+    from nmt.engine.transformer import TransformerEncoder
 
     cfg = ModelConfig(dim=64, layers=2, dropout=0.0, arch="transformer", heads=4, ffn_dim=128, norm=norm)
     torch.manual_seed(2)
-    model = to_precision(build_model(cfg, 50, 50, joint=True).eval(), precision)
+    model = decoding_copy(build_model(cfg, 50, 50, joint=True).eval(), precision)
     batch = random_batch(50, src_lens=(9, 3, 14, 5), tgt_lens=(4,) * 4, seed=7)
     calls = []
     real = native.encoder_forward

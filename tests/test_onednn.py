@@ -1,4 +1,4 @@
-"""nmt.models.onednn: decoding's fp32 linear layers on oneDNN give what nn.Linear gives, a row alone what it gets
+"""nmt.engine.onednn: decoding's fp32 linear layers on oneDNN give what nn.Linear gives, a row alone what it gets
 in any batch, and the backend a decoding copy uses is the one `fp32_backend` names."""
 
 import pickle
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nmt.engine import native, onednn
+from nmt.engine.onednn import NativeLinear, OnednnLinear, onednn_fp32
 from nmt.errors import NmtError
-from nmt.models import native, onednn
-from nmt.models.onednn import NativeLinear, OnednnLinear, onednn_fp32
 
 KINDS = [
     pytest.param(OnednnLinear, marks=pytest.mark.skipif(not onednn_fp32(), reason="no oneDNN fp32 linear")),
@@ -61,9 +61,9 @@ def test_fp32_weight_follows_changes_and_copies_and_gradients(kind):
 
 def test_backend_is_named_by_the_environment(monkeypatch):
     from nmt.config import ModelConfig
-    from nmt.models.packed import PackedLinear
-    from nmt.models.quantize import to_precision
-    from nmt.models.seq2seq import build_model
+    from nmt.engine import decoding_copy
+    from nmt.engine.packed import PackedLinear
+    from nmt.models.builders import build_model
 
     def backend(value):
         monkeypatch.setenv("NMT_FP32_GEMM", value)
@@ -84,7 +84,7 @@ def test_backend_is_named_by_the_environment(monkeypatch):
         ):
             found = backend(name)
             model = build_model(ModelConfig(arch="transformer", dim=32, layers=1, heads=4, ffn_dim=64), 40, 40, True)
-            to_precision(model, "fp32")
+            model = decoding_copy(model, "fp32")
             decoder = {type(m) for m in model.decoder.modules() if isinstance(m, nn.Linear)}
             encoder = {type(m) for m in model.encoder.modules() if isinstance(m, nn.Linear)}
             if found == name:

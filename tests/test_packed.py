@@ -1,4 +1,4 @@
-"""nmt.models.packed: decoding's fp32 linear layers on MKL's packed product give what nn.Linear gives."""
+"""nmt.engine.packed: decoding's fp32 linear layers on MKL's packed product give what nn.Linear gives."""
 
 import copy
 import pickle
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.models.packed import MIN_ROWS, PackedLinear, mkl_packed
+from nmt.engine.packed import MIN_ROWS, PackedLinear, mkl_packed
 
 needs_mkl = pytest.mark.skipif(mkl_packed() is None, reason="this torch has no MKL")
 
@@ -56,13 +56,13 @@ def test_packed_weight_follows_changes_and_copies_and_gradients():
 
 def test_decoding_models_run_their_decoder_on_packed_products():
     from nmt.config import ModelConfig
-    from nmt.models.quantize import to_precision
-    from nmt.models.seq2seq import build_model
+    from nmt.engine import decoding_copy
+    from nmt.models.builders import build_model
 
     model = build_model(ModelConfig(arch="transformer", dim=32, layers=1, heads=4, ffn_dim=64), 40, 40, joint=True)
-    to_precision(model, "fp32")
+    model = decoding_copy(model, "fp32")
     linears = [m for m in model.decoder.modules() if isinstance(m, nn.Linear)]
-    from nmt.models.onednn import NativeLinear, OnednnLinear, fp32_backend
+    from nmt.engine.onednn import NativeLinear, OnednnLinear, fp32_backend
 
     kind = {"mkl": PackedLinear, "onednn": OnednnLinear, "native": NativeLinear, "torch": nn.Linear}[fp32_backend()]
     assert all(type(m) is kind for m in linears)

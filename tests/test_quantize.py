@@ -6,9 +6,10 @@ from torch import nn
 
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import BOS, EOS
+from nmt.engine import decoding_copy
+from nmt.engine.quantize import Bf16Linear, Int8Linear
 from nmt.models.attention import Attention
-from nmt.models.quantize import Bf16Linear, Int8Linear, to_precision
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from nmt.search import beam_search, greedy_search
 from tests.conftest import random_batch
 
@@ -26,7 +27,7 @@ MODELS = {
 def tiny(name: str, precision: str = "fp32"):
     torch.manual_seed(0)
     model = build_model(ModelConfig(dim=32, layers=2, dropout=0.0, **MODELS[name]), VOCAB, VOCAB, joint=True).eval()
-    return to_precision(model, precision)
+    return decoding_copy(model, precision)
 
 
 @pytest.mark.parametrize("make, tolerance", [(Int8Linear, 0.02), (Bf16Linear, 0.01)])
@@ -93,11 +94,11 @@ def test_reduced_model_stays_close_to_fp32(precision):
 
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="precision=fp8: expected one of fp32, bf16, int8"):
-        to_precision(tiny("transformer"), "fp8")
+        decoding_copy(tiny("transformer"), "fp8")
 
 
 def test_bf16_rows_are_padded_to_few_shapes():
-    from nmt.models.quantize import bucket
+    from nmt.engine.quantize import bucket
 
     sizes = [bucket(rows) for rows in range(1, 5000)]
     assert all(
@@ -113,7 +114,7 @@ def test_int8_vocabulary_layer_rows_are_independent_of_their_batch():
     layer pickles (its packed weights are made again in the process that runs it)."""
     import pickle
 
-    from nmt.models.quantize import ONEDNN_MIN_OUT, onednn_int8
+    from nmt.engine.quantize import ONEDNN_MIN_OUT, onednn_int8
 
     torch.manual_seed(0)
     linear = nn.Linear(64, ONEDNN_MIN_OUT)
@@ -133,18 +134,18 @@ def test_int8_vocabulary_layer_rows_are_independent_of_their_batch():
 
 
 def test_fused_projections_compute_what_the_separate_ones_do():
-    """Decoding models (to_precision) multiply Q/K/V (self-attention) and K/V (cross-attention) in one product each;
+    """Decoding copies (decoding_copy) multiply Q/K/V (self-attention) and K/V (cross-attention) in one product each;
     teacher forcing, cached steps and searches give what the model with separate projections gives."""
     torch.manual_seed(0)
     cfg = ModelConfig(dim=32, layers=2, dropout=0.0, arch="transformer", heads=4, ffn_dim=64)
     separate = build_model(cfg, VOCAB, VOCAB, joint=True).eval()
     torch.manual_seed(0)
-    fused = to_precision(build_model(cfg, VOCAB, VOCAB, joint=True).eval(), "fp32")  # same weights, then fused
+    fused = decoding_copy(build_model(cfg, VOCAB, VOCAB, joint=True), "fp32")  # same weights, then fused
     assert not hasattr(fused.encoder.layers[0].attn, "q_proj")  # the separate layers are dropped
     layer = fused.decoder.layers[1]
     assert layer.self_attn.qkv_proj.out_features == 3 * 32 and layer.cross_attn.kv_proj.out_features == 2 * 32
     assert hasattr(layer.cross_attn, "q_proj") and not hasattr(layer.cross_attn, "k_proj")
-    to_precision(fused, "fp32")  # a second conversion changes nothing
+    assert decoding_copy(fused, "fp32").state_dict().keys() == fused.state_dict().keys()  # a copy of a copy
     batch = random_batch(VOCAB, src_lens=(7, 3, 5, 1), tgt_lens=(6, 2, 4, 3), seed=4)
     with torch.no_grad():
         want = separate(batch.src, batch.src_mask, batch.tgt_in)
@@ -158,12 +159,12 @@ def test_fused_projections_compute_what_the_separate_ones_do():
             a, b = search(separate), search(fused)
             assert [h.tokens for h in a] == [h.tokens for h in b]
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
-    int8 = to_precision(build_model(cfg, VOCAB, VOCAB, joint=True).eval(), "int8")
+    int8 = decoding_copy(build_model(cfg, VOCAB, VOCAB, joint=True), "int8")
     assert isinstance(int8.decoder.layers[0].self_attn.qkv_proj, Int8Linear)  # fused before quantizing
 
 
 def test_short_softmax_equals_softmax_for_short_rows():
-    from nmt.models.transformer import short_softmax
+    from nmt.engine.transformer import short_softmax
 
     torch.manual_seed(0)
     for width in (1, 2, 7, 15):

@@ -7,7 +7,7 @@ import torch
 
 from nmt.cli.common import compose, group_options
 from nmt.data.batching import make_batch
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from tests.conftest import MULTI30K
 
 GROUPS = group_options()

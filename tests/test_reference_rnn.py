@@ -21,7 +21,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import BOS, PAD
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from tests.reference import fixed, set_params, sigmoid, softmax_over
 
 V, H = 6, 2

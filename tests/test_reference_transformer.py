@@ -22,7 +22,7 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import BOS, PAD
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from nmt.models.transformer import MultiHeadAttention, sinusoidal_positions
 from tests.reference import fixed, set_params, softmax_over
 

@@ -7,7 +7,7 @@ import torch
 from nmt.config import ModelConfig
 from nmt.data.batching import make_batch
 from nmt.errors import NmtError
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from nmt.search import greedy_search
 from tests.conftest import random_batch as shared_random_batch
 

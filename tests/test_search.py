@@ -9,7 +9,7 @@ from torch import nn
 from nmt.config import ModelConfig
 from nmt.data.batching import make_batch
 from nmt.data.tokenizer import BOS, EOS, PAD
-from nmt.models.seq2seq import BUILDERS, build_model
+from nmt.models.builders import BUILDERS, build_model
 from nmt.search import beam_search, filter_logits, greedy_search, length_penalty, sample_search
 
 X, Y, W = 4, 5, 6  # token ids of the scripted vocabulary (0-3 are PAD, UNK, BOS, EOS)

@@ -9,9 +9,10 @@ import torch
 import nmt
 from nmt.cli import shortlist as shortlist_cli
 from nmt.cli import translate as translate_cli
-from nmt.models.quantize import to_precision
+from nmt.engine import decoding_copy
+from nmt.engine.shortlist import Shortlisted
 from nmt.search import beam_search, greedy_search
-from nmt.shortlist import SPECIALS, Shortlist, Shortlisted, ibm1
+from nmt.shortlist import SPECIALS, Shortlist, ibm1
 from tests.test_cli import cli
 from tests.test_errors import one_error_line
 from tests.test_search import ARCHS, VOCAB, random_sources, tiny_model
@@ -37,7 +38,7 @@ def test_ibm1_learns_a_dictionary_from_shuffled_sentences():
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_shortlisted_step_is_the_full_step_at_the_candidates(arch, precision):
-    model = to_precision(tiny_model(arch), precision)
+    model = decoding_copy(tiny_model(arch), precision)
     batch = random_sources()
     vocab = torch.tensor(sorted({0, 1, 2, 3, 9, 11, 17, 23, VOCAB - 1}))
     short = Shortlisted(model, vocab)

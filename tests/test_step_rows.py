@@ -6,7 +6,8 @@ import torch
 
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import BOS
-from nmt.models.seq2seq import build_model, reorder
+from nmt.models.builders import build_model
+from nmt.models.seq2seq import reorder
 from nmt.models.transformer import POSITIONS, sinusoidal_positions
 from tests.conftest import random_batch
 

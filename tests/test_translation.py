@@ -11,7 +11,7 @@ from nmt.cli import translate
 from nmt.config import Config, DataConfig, DecodeConfig, ModelConfig
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from nmt.training.checkpoint import save_checkpoint
 from nmt.translation import Translator
 from tests.conftest import write

@@ -2,10 +2,11 @@
 
 At each budget point N the model a run of N updates would choose (checkpoints/best_at_N.pt, the best by validation
 score among the first N updates) translates the test set with the run's own decoding settings (the same for every
-variant); BLEU, chrF and TER come from sacrebleu with their signatures. The model at the shared budget (or best.pt,
-for a time budget) is then probed: the reference forced through it (nmt.compare.probe) for the attention diagnostics,
-the alignment scores against gold word alignments and the heat maps. eval.json is written last, so its presence
-means the run is scored.
+variant); BLEU, chrF, chrF++ and TER come from sacrebleu with their signatures (the report fills chrF++ in, from
+test.hyp, for runs scored before it was added: nmt.compare.report.fill_scores). The model at the shared budget (or
+best.pt, for a time budget) is then probed: the reference forced through it (nmt.compare.probe) for the attention
+diagnostics, the alignment scores against gold word alignments and the heat maps. eval.json is written last, so its
+presence means the run is scored. COMET (comet.model=) is scored by the report, not here (nmt.compare.report).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ EVAL, HYP, HEATMAPS = "eval.json", "test.hyp", "heatmaps.json"
 EVAL_VERSION = 3  # 3: test scored at budget points (eval.json "points"); 2: attention figures on renormalised rows,
 # per-layer AER; older eval.json files are scored again
 END = "</s>"
+SCORED = ("bleu", "chrf", "chrf++", "ter", "bleu_lc")  # eval.json's "scores" (chrf++ is not in older files)
 
 
 @dataclass
@@ -179,7 +181,7 @@ def translate_test(path: Path, test: TestSet) -> tuple[object, list[str], dict]:
     start, cpu = time.perf_counter(), time.process_time()
     hyps = translator.translate(test.src)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-    scores = {name: corpus_score(name, hyps, test.ref) for name in ("bleu", "chrf", "ter", "bleu_lc")}
+    scores = {name: corpus_score(name, hyps, test.ref) for name in SCORED}
     figures = {
         "checkpoint": f"checkpoints/{path.name}",
         "checkpoint_step": loaded.step,

@@ -59,11 +59,11 @@ def table(header: list[str], rows: list[list[str]], right: int = 1) -> str:
     return "\n".join([line(header), rule, *(line(r) for r in rows)])
 
 
-def interval(result: dict | None) -> str:
+def interval(result: dict | None, digits: int = 2) -> str:
     """[low, high], p for one test's result."""
     if not result:
         return NA
-    return f"[{signed(result['ci_low'], 2)}, {signed(result['ci_high'], 2)}], p {result['p_value']:.3f}"
+    return f"[{signed(result['ci_low'], digits)}, {signed(result['ci_high'], digits)}], p {result['p_value']:.3f}"
 
 
 def delta_cells(v: dict, baseline: bool) -> list[str]:
@@ -81,7 +81,8 @@ def delta_cells(v: dict, baseline: bool) -> list[str]:
 
 
 def main_table(summary: dict) -> str:
-    """Test BLEU (mean ± s.d. over seeds), the two tests against the baseline, chrF, TER, AER, size and budget used."""
+    """Test BLEU (mean ± s.d. over seeds), the two tests against the baseline, chrF, chrF++, TER, AER, size and budget
+    used."""
     rows = []
     for v in summary["variants"]:
         aer = spread(v["alignment"]["aer"], 3) if v["alignment"] else NA
@@ -91,6 +92,7 @@ def main_table(summary: dict) -> str:
                 spread(v["bleu"]),
                 *delta_cells(v, v["name"] == summary["baseline"]),
                 spread(v["chrf"]),
+                spread(v["chrf++"]),
                 spread(v["ter"]),
                 aer,
                 count(v["parameters"]),
@@ -107,6 +109,7 @@ def main_table(summary: dict) -> str:
             "seed test (Welch) 95% CI, p",
             "sig.",
             "chrF",
+            "chrF++",
             "TER",
             "AER",
             "params",
@@ -277,7 +280,7 @@ def runs_table(summary: dict, runs: dict[str, list[RunRecord]]) -> str:
     for name, group in runs.items():
         for r in group:
             if not r.finished:
-                rows.append([name, str(r.seed), "not finished", "", "", "", "", "", "", "", relative(r)])
+                rows.append([name, str(r.seed), "not finished", "", "", "", "", "", "", "", "", relative(r)])
                 continue
             sig = by_seed[name].get(r.seed)
             test = (
@@ -292,6 +295,7 @@ def runs_table(summary: dict, runs: dict[str, list[RunRecord]]) -> str:
                     str(r.seed),
                     num(r.score("bleu")),
                     num(r.score("chrf")),
+                    num(r.score("chrf++")),
                     num(r.score("ter")),
                     num(r.score("bleu_lc")),
                     test,
@@ -307,6 +311,7 @@ def runs_table(summary: dict, runs: dict[str, list[RunRecord]]) -> str:
             "seed",
             "BLEU",
             "chrF",
+            "chrF++",
             "TER",
             "lc tok BLEU",
             "Δ BLEU vs baseline, same seed",
@@ -323,11 +328,87 @@ def runs_table(summary: dict, runs: dict[str, list[RunRecord]]) -> str:
 def signature_lines(summary: dict) -> list[str]:
     """The sacrebleu signature of each metric; more than one means the runs were not scored alike."""
     lines = []
-    names = {"bleu": "BLEU", "chrf": "chrF", "ter": "TER", "bleu_lc": "lc tok BLEU"}
+    names = {"bleu": "BLEU", "chrf": "chrF", "chrf++": "chrF++", "ter": "TER", "bleu_lc": "lc tok BLEU"}
     for metric, found in summary["consistency"]["signatures"].items():
         text = ", ".join(f"`{s}`" for s in found) or NA
         lines.append(f"  - {names[metric]}: {text}" + (" **(differs between runs)**" if len(found) > 1 else ""))
     return lines
+
+
+def filled_lines(summary: dict) -> list[str]:
+    """Which runs had a score computed by the report (scored before the metric was added)."""
+    filled = summary.get("filled_by_report") or []
+    if not filled:
+        return []
+    return [
+        "- **Filled in by the report**: chrF++ of the runs scored before it was added to `eval.json` "
+        f"({', '.join(filled)}) is computed when the report is written, from their `test.hyp` (and `test.atN.hyp`) "
+        "with the same sacrebleu call (`eval.json` is left as it is)."
+    ]
+
+
+def comet_lines(summary: dict, boot: dict) -> list[str]:
+    """How COMET was computed (nothing without comet.model)."""
+    comet = summary.get("comet")
+    if not comet:
+        return []
+    return [
+        f"- **COMET** (unbabel-comet, model `{comet['model']}`; signature "
+        f"{', '.join(f'`{s}`' for s in comet['signatures']) or NA}"
+        + (" **(differs between runs)**" if len(comet["signatures"]) > 1 else "")
+        + "): each run's `test.hyp` scored with its source (`test.src`) and reference, segment by segment, when the "
+        "report is written (cached in `comet_cache/`); a run's COMET is the mean of its segment scores. Its bootstrap "
+        f"uses the BLEU bootstrap's {boot['samples']} draws of test sentences (all seeds of a drawn sentence "
+        "together): a draw's score of a seed is the mean of its drawn segments' scores (a sentence drawn twice counts "
+        "twice), a system's the mean over its seeds; the seed test is Welch's on the per-seed COMET; Holm and *sig.* "
+        "as for BLEU."
+    ]
+
+
+def comet_table(comet: dict) -> str:
+    """COMET (mean ± s.d. over seeds), Δ against the baseline, the segment bootstrap, the seed test, sig."""
+    rows = []
+    for v in comet["variants"]:
+        if v["name"] == comet["baseline"]:
+            cells = ["baseline", "", "", ""]
+        else:
+            sig = v["significance"] or {}
+            cells = [
+                signed(v["delta"], 4) if v["delta"] is not None else NA,
+                interval(sig.get("bootstrap"), 4),
+                interval(sig.get("seeds"), 4) if sig.get("seeds") else f"n/a (< {MIN_SEEDS} seeds)",
+                sig.get("decision", NA),
+            ]
+        rows.append([v["name"], spread(v["comet"], 4), *cells, " ".join(map(str, v["seeds"]))])
+    header = [
+        "variant",
+        "COMET",
+        "Δ COMET",
+        "segment bootstrap 95% CI, p",
+        "seed test (Welch) 95% CI, p",
+        "sig.",
+        "seeds",
+    ]
+    return table(header, rows)
+
+
+def comet_section(summary: dict) -> list[str]:
+    """## COMET: the table at the shared budget and its notes (nothing without comet.model)."""
+    comet = summary.get("comet")
+    if not comet:
+        return []
+    return [
+        "## COMET",
+        "",
+        f"COMET ({comet['model']}) of each run's test translation at the shared budget, mean ± s.d. over seeds; Δ "
+        f"against {comet['baseline']}; the tests as for BLEU (sentence bootstrap over the segment scores, all seeds of "
+        "a sentence drawn together; Welch's test over the per-seed COMET; Holm over the variants).",
+        "",
+        comet_table(comet),
+        "",
+        *[f"- **Note**: {note}." for note in comet["notes"]],
+        "",
+    ]
 
 
 def config_section(configs: dict[str, Config | None], baseline: str) -> list[str]:
@@ -398,10 +479,13 @@ def how_computed(plan: CompareConfig, summary: dict, test: TestData, metric: str
         f"split; sha256 of the text {', '.join(s[:16] for s in consistency['test_sha256']) or NA}). Each run "
         f"translates it with its best checkpoint (`checkpoints/best.pt`, the best by validation {metric}) and the "
         f"shared decoding settings: {', '.join(consistency['decode']) or NA}.",
-        "- **BLEU, chrF, TER** are sacrebleu corpus scores of `RUN/test.hyp` against `test.ref`, read from "
-        "`RUN/eval.json`; **lc tok BLEU** is BLEU on lowercased text after sacrebleu's 13a tokenization, for "
-        "comparison with papers that report tokenized lowercased BLEU. Signatures:",
+        "- **BLEU, chrF, chrF++, TER** are sacrebleu corpus scores of `RUN/test.hyp` against `test.ref`, read from "
+        "`RUN/eval.json` (chrF++ is chrF with word unigrams and bigrams, sacrebleu's `nw:2`); **lc tok BLEU** is BLEU "
+        "on lowercased text after sacrebleu's 13a tokenization, for comparison with papers that report tokenized "
+        "lowercased BLEU. Signatures:",
         *signature_lines(summary),
+        *filled_lines(summary),
+        *comet_lines(summary, boot),
         f"- **mean ± s.d.** are over the seeds {', '.join(map(str, plan.seeds))} "
         "(sample standard deviation; the mean alone with one seed).",
         "- **Δ BLEU** is the difference of the mean test BLEU over seeds shown in the table (the variant's minus "

@@ -1,7 +1,10 @@
 """The report folder: report.md (tables and figures), results.csv (one row per variant), results.json, PNG figures.
 
 `build_report(out)` reads OUT/comparison.yaml, the test set copied into OUT and every run's files, and
-writes the report; it trains and translates nothing, so `nmt-compare report_only=true` runs it alone.
+writes the report; it trains and translates nothing, so `nmt-compare report_only=true` runs it alone. Two scores are
+computed here rather than read from eval.json: chrF++ of runs scored before it was added (from their test.hyp, the
+same sacrebleu call; eval.json is left as it is), and COMET when comet.model= is given (cached in OUT/comet_cache,
+so a second report scores nothing again).
 """
 
 from __future__ import annotations
@@ -14,16 +17,18 @@ from pathlib import Path
 
 from nmt.compare import figures
 from nmt.compare.collect import RunRecord, read_plan, read_run, read_sessions, read_test
-from nmt.compare.evaluate import TestSet, eval_settings
-from nmt.compare.markdown import main_table, markdown_report
+from nmt.compare.evaluate import SCORED, TestSet, eval_settings
+from nmt.compare.markdown import comet_section, main_table, markdown_report
 from nmt.compare.plan import TEST_ALIGN
-from nmt.compare.summary import ATTENTION, SCORES, summarize
+from nmt.compare.summary import ATTENTION, SCORES, comet_summary, summarize
 from nmt.config import CompareConfig
 from nmt.data.corpus import read_lines
 from nmt.errors import NmtError
+from nmt.evaluation.metrics import corpus_score
 from nmt.fileio import atomic_open
 
 COST_CURVES = "attention_cost.json"
+COMET_CACHE = "comet_cache"  # OUT/comet_cache: COMET scores of the runs' test.hyp (nmt.evaluation.comet)
 FIGURES = {
     "budgets": "bleu_by_budget.png",
     "bars": "bleu_bars.png",
@@ -35,6 +40,90 @@ FIGURES = {
 
 def load_runs(out: Path, plan: CompareConfig) -> dict[str, list[RunRecord]]:
     return {name: [read_run(out, name, seed) for seed in plan.seeds_of(name)] for name in plan.selected()}
+
+
+def fill_scores(runs: dict[str, list[RunRecord]], refs: list[str]) -> list[str]:
+    """Scores eval.json lacks because the run was scored before the metric was added (chrF++), computed in memory from
+    the run's own translations (test.hyp, test.atN.hyp) with the same sacrebleu call; returns "variant seed N" of
+    each run filled in. A translation whose line count does not match the references gets n/a."""
+    filled = []
+    for name, group in runs.items():
+        for run in group:
+            evaluation = run.evaluation or {}
+            targets = [(evaluation.get("scores"), run.hyps)]
+            targets += [
+                (f.get("scores"), run.point_hyps.get(int(p))) for p, f in (evaluation.get("points") or {}).items()
+            ]
+            missing = False
+            for scores, hyps in targets:
+                if scores is None or hyps is None:
+                    continue
+                for metric in (m for m in SCORED if m not in scores):
+                    missing = True
+                    if len(hyps) == len(refs):
+                        found = corpus_score(metric, hyps, refs)
+                        scores[metric] = {"score": round(found.score, 4), "signature": found.signature}
+                    else:
+                        scores[metric] = {"score": None, "signature": f"n/a ({len(hyps)} lines for {len(refs)})"}
+                    scores[metric]["filled_by_report"] = True
+            if missing:
+                filled.append(f"{name} seed {run.seed}")
+    return filled
+
+
+def comet_scores(out: Path, plan: CompareConfig, runs: dict[str, list[RunRecord]], test) -> dict[str, dict[int, dict]]:
+    """COMET of every finished run's test output (test.hyp, at the shared budget) with plan.comet's model:
+    {variant: {seed: {"segments", "system", "signature", "cached"}}}; cached in OUT/comet_cache (or comet.cache)."""
+    from nmt.evaluation.comet import CometScorer
+
+    settings = plan.comet
+    scorer = CometScorer(
+        settings.model,
+        settings.batch_size,
+        settings.device,
+        settings.progress,
+        settings.cache or out / COMET_CACHE,
+        key="comet.model",
+    )
+    found: dict[str, dict[int, dict]] = {}
+    for name, group in runs.items():
+        found[name] = {}
+        for run in group:
+            if run.finished and len(run.hyps) == len(test.ref):
+                result = scorer.score(test.src, run.hyps, test.ref)
+                found[name][run.seed] = {
+                    "segments": result.segments,
+                    "system": result.system,
+                    "signature": result.signature,
+                    "cached": result.cached,
+                }
+    return found
+
+
+def comet_csv(comet: dict | None) -> dict[str, dict]:
+    """results.csv's COMET columns of each variant (none without comet.model)."""
+    if comet is None:
+        return {}
+    rows = {}
+    for v in comet["variants"]:
+        sig = v["significance"] or {}
+        boot, seeds = sig.get("bootstrap") or {}, sig.get("seeds") or {}
+        rows[v["name"]] = {
+            "comet_mean": v["comet"]["mean"],
+            "comet_std": v["comet"]["std"],
+            "delta_comet": v["delta"],
+            "comet_bootstrap_delta": boot.get("delta"),
+            "comet_bootstrap_ci_low": boot.get("ci_low"),
+            "comet_bootstrap_ci_high": boot.get("ci_high"),
+            "comet_bootstrap_p": boot.get("p_value"),
+            "comet_bootstrap_significant_holm": boot.get("holm"),
+            "comet_seed_test_ci_low": seeds.get("ci_low"),
+            "comet_seed_test_ci_high": seeds.get("ci_high"),
+            "comet_seed_test_p": seeds.get("p_value"),
+            "comet_seed_test_significant_holm": seeds.get("holm"),
+            "comet_significant": sig.get("decision"),
+        }
+    return rows
 
 
 def csv_rows(summary: dict) -> list[dict]:
@@ -68,6 +157,7 @@ def csv_rows(summary: dict) -> list[dict]:
             "train_tokens_per_s": v["train_tokens_per_s"]["mean"],
             "decode_sentences_per_s": v["decode_sentences_per_s"]["mean"],
         }
+        row |= comet_csv(summary.get("comet")).get(v["name"], {})
         row |= {key: v["attention"][key]["mean"] for key in ATTENTION}
         for key in ("aer", "precision", "recall"):
             row[key] = v["alignment"][key]["mean"] if v["alignment"] else None
@@ -184,6 +274,8 @@ def build_report(out: Path, plan: CompareConfig | None = None) -> str:
     plan = plan or read_plan(out)
     test = read_test(out)
     runs = load_runs(out, plan)
+    filled = fill_scores(runs, test.ref)
+    comet = comet_scores(out, plan, runs, test) if plan.comet.model else None  # before anything is written
     steps = shared_budget(runs) if plan.budget == "updates" else None
     baseline, limit = plan.baseline_name(), plan.contention_limit
     summary = summarize(
@@ -197,6 +289,15 @@ def build_report(out: Path, plan: CompareConfig | None = None) -> str:
         plan.extend,
         steps,
         limit,
+    )
+    summary["filled_by_report"] = filled
+    summary["comet"] = (
+        {
+            "model": plan.comet.model,
+            **comet_summary(comet, baseline, len(test.ref), plan.bootstrap, plan.bootstrap_seed),
+        }
+        if comet is not None
+        else None
     )
     sessions = read_sessions(out)
     drawn = draw_figures(out, summary, runs, test.gold)
@@ -241,7 +342,11 @@ def build_report(out: Path, plan: CompareConfig | None = None) -> str:
     with atomic_open(out / "results.json", key="out") as f:
         f.write(json.dumps(document, indent=2, default=str) + "\n")
     write_csv(csv_rows(summary), out / "results.csv")
-    early = budget_section(tables, changes, baseline, drawn.get("budgets")) + crossover_section(cross, plan.extend)
+    early = (
+        comet_section(summary)
+        + budget_section(tables, changes, baseline, drawn.get("budgets"))
+        + crossover_section(cross, plan.extend)
+    )
     late = (
         speed_section(matched, probes, limit)
         + conditions_section(summary, limit)

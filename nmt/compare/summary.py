@@ -25,7 +25,7 @@ from nmt.evaluation.significance import (
     welch_test,
 )
 
-SCORES = ("bleu", "chrf", "ter", "bleu_lc")
+SCORES = ("bleu", "chrf", "chrf++", "ter", "bleu_lc")
 ATTENTION = ("entropy", "max_weight", "coverage", "under_attended", "over_attended", "p_t_diagonal_distance")
 ALIGNMENT = ("aer", "precision", "recall")
 ALPHA = 0.05  # the family-wise error rate of the tests against the baseline (Holm-Bonferroni over the variants)
@@ -112,6 +112,15 @@ def significance(
         for s in common:
             one = cluster_bootstrap(stats[baseline][s][None], stats[name][s][None], [s], samples, seed, weights)
             by_seed[name][s] = one.as_dict()
+    tests, notes = corrected_tests(names, boot, seed_test, samples, alpha)
+    return Significance(tests, by_seed, notes)
+
+
+def corrected_tests(
+    names: list[str], boot: dict[str, dict], seed_test: dict[str, dict], samples: int, alpha: float
+) -> tuple[dict[str, dict], list[str]]:
+    """Holm over the variants for each test on its own, the decision per variant, and a note when the bootstrap has
+    too few draws for any p to pass the correction."""
     for results in (boot, seed_test):
         corrected = holm({name: r["p_value"] for name, r in results.items()}, alpha)
         for name, r in results.items():
@@ -132,7 +141,57 @@ def significance(
             f"{alpha / len(boot):.4f}: no variant can pass the corrected test; give "
             f"bootstrap={int(len(boot) / alpha) * 2} or more"
         )
-    return Significance(tests, by_seed, notes)
+    return tests, notes
+
+
+def comet_summary(
+    comet: dict[str, dict[int, dict]], baseline: str, sentences: int, samples: int, seed: int, alpha: float = ALPHA
+) -> dict:
+    """COMET of every variant from its runs' segment scores ({variant: {seed: {"segments", "system", "signature"}}},
+    finished runs at the shared budget): the mean ± s.d. over seeds of the system scores (each the mean of its
+    segments), Δ of those means against the baseline, the paired cluster bootstrap over segment scores on the seeds
+    both finished (all seeds of a sentence drawn together; nmt.evaluation.comet.segment_bootstrap) and Welch's test
+    over per-seed system scores, each Holm-corrected over the variants as for BLEU."""
+    from nmt.evaluation.comet import segment_bootstrap
+
+    base = comet.get(baseline, {})
+    names = [name for name in comet if name != baseline and comet[name]]
+    weights = draw_weights(sentences, samples, seed) if sentences else None  # the same draws as BLEU's
+    boot, seed_test = {}, {}
+    for name in names:
+        common = sorted(set(comet[name]) & set(base))
+        if common:
+            result = segment_bootstrap(
+                np.array([base[s]["segments"] for s in common]),
+                np.array([comet[name][s]["segments"] for s in common]),
+                common,
+                samples,
+                seed,
+                weights,
+            )
+            boot[name] = {
+                **result.as_dict(),
+                "significant_raw": result.p_value < alpha and excludes_zero(result.as_dict()),
+            }
+        welch = welch_test([r["system"] for r in base.values()], [r["system"] for r in comet[name].values()])
+        if welch is not None:
+            seed_test[name] = {**welch.as_dict(), "significant_raw": welch.p_value < alpha}
+    tests, notes = corrected_tests(names, boot, seed_test, samples, alpha)
+    means = {name: spread([r["system"] for r in runs.values()]) for name, runs in comet.items()}
+    variants = []
+    for name, runs in comet.items():
+        base_mean, mean = means.get(baseline, {}).get("mean"), means[name]["mean"]
+        variants.append(
+            {
+                "name": name,
+                "seeds": sorted(runs),
+                "comet": means[name],
+                "delta": mean - base_mean if name != baseline and None not in (mean, base_mean) else None,
+                "significance": tests.get(name),
+            }
+        )
+    signatures = sorted({r["signature"] for runs in comet.values() for r in runs.values()})
+    return {"baseline": baseline, "signatures": signatures, "variants": variants, "notes": notes}
 
 
 def bucket_bleu(run: RunRecord, refs: list[str], buckets: list[tuple[str, list[int]]]) -> list[float]:

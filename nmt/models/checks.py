@@ -11,7 +11,7 @@ from typing import Any
 
 from nmt.errors import NmtError
 
-ARCHS = ("bahdanau", "luong", "transformer")  # nmt.models.seq2seq.BUILDERS
+ARCHS = ("bahdanau", "luong", "transformer")  # nmt.models.builders.BUILDERS
 CELLS = ("gru", "lstm")  # nmt.models.rnn.CELLS
 BRIDGES = ("bridge", "zero")
 SCORES = ("additive", "dot", "general", "concat", "location")  # nmt.models.attention.SCORES

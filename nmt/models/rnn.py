@@ -23,7 +23,7 @@ from nmt.data.tokenizer import PAD
 from nmt.models.attention import Attention
 from nmt.models.checks import BRIDGES, check_rnn, check_rnn_names  # noqa: F401 (re-exported)
 from nmt.models.dropout import Dropout
-from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence
+from nmt.models.seq2seq import Enc, State, by_sentence
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -202,44 +202,3 @@ class RNNDecoder(nn.Module):
         """Teacher forcing: logits (B, T, V), attention (B, T, S) if asked."""
         features, attn = self.features(tgt_in, enc, need_attn)
         return self.output(features), attn
-
-
-def build_rnn(
-    decoder: str,
-    src_vocab: int,
-    tgt_vocab: int,
-    share_src_embeddings: bool,
-    cell: str,
-    embed_dim: int,
-    dim: int,
-    layers: int,
-    dropout: float,
-    bidirectional: bool,
-    bridge: str,
-    score: str,
-    window: str,
-    window_size: int,
-    input_feeding: bool,
-    attention: str,
-    gumbel_tau: float,
-    max_src_len: int,
-    tie_output: bool,
-    embed_scale: bool = True,
-) -> Seq2Seq:
-    """A recurrent encoder and a Bahdanau or Luong decoder; with a joint vocabulary the embeddings are shared."""
-    from nmt.models.attention import make_attention
-    from nmt.models.bahdanau import BahdanauDecoder
-    from nmt.models.luong import LuongDecoder
-
-    check_rnn(decoder, cell, bridge, score, window, attention, dim, embed_dim, bidirectional, tie_output)
-    attn = make_attention(score, dim, dim, dim, window, window_size, attention, max_src_len, gumbel_tau)
-    tgt_embed = embedding(tgt_vocab, embed_dim, embed_scale)
-    src_embed = (
-        tgt_embed if share_src_embeddings and src_vocab == tgt_vocab else embedding(src_vocab, embed_dim, embed_scale)
-    )
-    encoder = RNNEncoder(src_embed, cell, dim, layers, dropout, bidirectional, bridge)
-    if decoder == "bahdanau":
-        dec: RNNDecoder = BahdanauDecoder(tgt_embed, tgt_vocab, cell, dim, layers, dropout, attn, tie_output)
-    else:
-        dec = LuongDecoder(tgt_embed, tgt_vocab, cell, dim, layers, dropout, attn, input_feeding, tie_output)
-    return Seq2Seq(encoder, dec)

@@ -24,7 +24,8 @@ from nmt.config import Config, config_from_yaml, config_to_yaml
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open, fsync_dir
-from nmt.models.seq2seq import Seq2Seq, build_model
+from nmt.models.builders import build_model
+from nmt.models.seq2seq import Seq2Seq
 
 FORMAT = "nmt-checkpoint"
 # 2: model.embed_scale exists (RNN embeddings read out times sqrt(E)); a version-1 config reads as embed_scale=false

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from nmt.errors import NmtError
+from nmt.runtime import cpu_has_bf16, cpu_has_int8
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -30,18 +31,6 @@ def native_bf16(device: torch.device) -> bool:
             return cpu_has_bf16(f.read())
     except OSError:  # not Linux: no cheap way to tell, so stay exact
         return False
-
-
-def cpu_has_int8(cpuinfo: str) -> bool:
-    """Whether a /proc/cpuinfo text lists int8 dot-product instructions on its first CPU (x86 "flags": AVX512-VNNI,
-    AVX-VNNI or AMX-INT8; ARM "Features": asimddp or i8mm), which torch's int8 matrix products need to be fast."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(value.split()))
-        if key.strip() == "Features":
-            return bool({"asimddp", "i8mm"} & set(value.split()))
-    return False
 
 
 def slow_decode_precision(precision: str, device: torch.device) -> str | None:
@@ -67,19 +56,6 @@ def slow_decode_precision(precision: str, device: torch.device) -> str | None:
             "about 5x slower than fp32 here; use decode.precision=fp32"
         )
     return None
-
-
-def cpu_has_bf16(cpuinfo: str) -> bool:
-    """Whether a /proc/cpuinfo text lists bf16 matrix instructions (AVX512-BF16 or AMX-BF16) on its first CPU
-    (x86 "flags"; on ARM "Features" with "bf16", e.g. Neoverse V1/Graviton3)."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            flags = value.split()
-            return "avx512_bf16" in flags or "amx_bf16" in flags
-        if key.strip() == "Features":
-            return "bf16" in value.split()
-    return False
 
 
 def resolve_precision(name: str, device: torch.device) -> str:

@@ -29,7 +29,7 @@ from nmt.data.dataset import prepare_data
 from nmt.data.tokenizer import PAD
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
-from nmt.models.seq2seq import build_model
+from nmt.models.builders import build_model
 from nmt.runtime import resolve_device, seed_everything
 from nmt.training.checkpoint import checkpoint_tokenizer, load_weights, remove_stale_temporaries
 from nmt.training.clock import Clock

@@ -6,14 +6,13 @@ rank 0 validates and the others receive its figures, so every process takes the 
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
 
 from nmt.data.batching import token_batches
+from nmt.engine import decoding_copy
 from nmt.evaluation.metrics import corpus_score
-from nmt.models.quantize import to_precision
 from nmt.training.checkpoint import BEST
 from nmt.translation import Translator, decode_settings
 
@@ -56,7 +55,7 @@ class Validation:
         precision = self.cfg.decode.precision
         if precision == "fp32":
             return self.translator
-        converted = to_precision(copy.deepcopy(self.model).eval(), precision)
+        converted = decoding_copy(self.model, precision)
         translator = Translator(
             converted, self.translator.tokenizer, self.cfg.decode, self.device, self.translator.warn
         )

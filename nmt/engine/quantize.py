@@ -9,7 +9,7 @@
           (dynamic, per token). The scheme of LLM.int8() (Dettmers et al. 2022) without its outlier
           split, and of torchao's int8 dynamic-activation config; torch.ao's quantize_dynamic is
           deprecated and scales activations per tensor.
-          Where nmt's native kernels are built with VNNI (nmt.models.native: AVX-512 VNNI or AMX), every int8
+          Where nmt's native kernels are built with VNNI (nmt.engine.native: AVX-512 VNNI or AMX), every int8
           linear runs in one call of native.vnni_linear at any number of rows, the same numbers as torch._int_mm's
           chain (measured 2026-12-04 on one core of an AMD EPYC, Zen 4, its 6-row blocks: 1.1x-1.8x that chain
           and 1.1x-1.6x oneDNN's int8 product from 8 to 960 rows of the Transformer's shapes, with none of the
@@ -20,7 +20,7 @@
           grid (255 levels), so its results differ), and smaller ones on torch._int_mm.
 Everything else (embeddings, layer norms, GRU/LSTM cells, the RNN attention scorers, whose weights
 some scores read directly) stays fp32. Training never sees these modules: they replace a trained
-model's layers for decoding only, in place (`to_precision`).
+model's layers in its decoding copy only (`convert_linears`, called by nmt.engine.decoding_copy).
 
 Shape legend: R rows (any leading dims flattened), I input features, O output features.
 """
@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.models import native
+from nmt.engine import native
+from nmt.engine.onednn import NativeLinear, OnednnLinear, bucket, fp32_backend
+from nmt.engine.packed import PackedLinear
 from nmt.models.attention import Attention
-from nmt.models.onednn import NativeLinear, OnednnLinear, bucket, fp32_backend
-from nmt.models.packed import PackedLinear
-from nmt.training.precision import cpu_has_int8
+from nmt.runtime import cpu_has_int8
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -267,23 +267,18 @@ class Int8Linear(nn.Module):
 LINEARS: dict[str, type[nn.Module]] = {"bf16": Bf16Linear, "int8": Int8Linear}
 
 
-def to_precision(model: nn.Module, precision: str) -> nn.Module:
-    """The model for decoding, changed in place: the projections that read the same input fused into one
-    product (layers with a `fuse_projections` method: a Transformer's Q/K/V), then every nn.Linear outside the
-    attention scorers replaced by its `precision` version (fp32 on a CPU: the decoder's on MKL's packed product,
-    nmt.models.packed, or all of them on oneDNN's, nmt.models.onednn, whichever `fp32_backend` says)."""
+def convert_linears(model: nn.Module, precision: str) -> None:
+    """Every nn.Linear of `model` outside the attention scorers (whose weights some scores read directly) replaced,
+    in place, by its `precision` version; fp32 on a CPU: the decoder's on MKL's packed product (nmt.engine.packed),
+    or all of them on oneDNN's or nmt's own kernel (nmt.engine.onednn), whichever `fp32_backend` says."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision}: expected one of {', '.join(PRECISIONS)}")
-    for layer in list(model.modules()):
-        if hasattr(layer, "fuse_projections"):
-            layer.fuse_projections()
     if precision != "fp32":
         _replace_linears(model, LINEARS[precision])
     elif fp32_backend() in ("onednn", "native"):
         _replace_linears(model, OnednnLinear if fp32_backend() == "onednn" else NativeLinear)
     elif isinstance(getattr(model, "decoder", None), nn.Module) and fp32_backend() == "mkl":
         _replace_linears(model.decoder, PackedLinear)
-    return model.eval()
 
 
 def _replace_linears(module: nn.Module, make: type[nn.Module]) -> None:

@@ -35,7 +35,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import weakref
 from pathlib import Path
 
 import torch
@@ -682,7 +681,7 @@ static void layer_norm(const float *x, int64_t rows, int64_t dim, const float *w
 typedef void (*SgemmCompute)(int, int, int, int64_t, int64_t, int64_t, const float *, int64_t, const void *,
                              int64_t, float, float *, int64_t);
 
-/* One fp32 linear of a fused layer: MKL's packed weight (nmt.models.packed) or pack_f32's, and the bias. */
+/* One fp32 linear of a fused layer: MKL's packed weight (nmt.engine.packed) or pack_f32's, and the bias. */
 typedef struct {
     const void *packed;
     const float *bias;
@@ -1009,7 +1008,7 @@ void dequantize(const int32_t *p, int64_t rows, int64_t width, const float *row_
 }
 
 /* out (R + 1, I): each row of x divided by its largest |value| (clamped to 1e-12), which goes to scale (R,), and a
-   last row of 1, 0, ..., 0, -1: the input of onednn_linear (nmt.models.quantize). */
+   last row of 1, 0, ..., 0, -1: the input of onednn_linear (nmt.engine.quantize). */
 void unit_rows_pinned(const float *x, int64_t rows, int64_t width, float *out, float *scale) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * width;
@@ -1333,42 +1332,6 @@ class Layer8(ctypes.Structure):
     ]
 
 
-_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DecoderLayer -> (Layer8, tensors it points
-# into) or None: made at a layer's first fused step, never pickled with the model
-_LAYERS32: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the same for layer32
-
-
-def layer8(layer) -> tuple[Layer8, list] | None:
-    """A decoding copy's int8 DecoderLayer as `layer_step` takes it, or None where it cannot (no VNNI here, a
-    linear that is not an Int8Linear of packable shape, norms without weights)."""
-    made = _LAYERS.get(layer, _LAYERS)
-    if made is not _LAYERS:
-        return made
-    from nmt.models.quantize import Int8Linear
-
-    made = None
-    linears, norms = _layer_parts(layer)
-    if vnni() and norms and all(type(linear) is Int8Linear for linear in linears):
-        packs = [linear.native_pack() if linear.out_features % 64 == 0 else None for linear in linears]
-        if all(packs):
-            keep: list = [packs, linears, norms]
-            parts = [
-                Linear8(
-                    pack[0].data_ptr(),
-                    pack[1].data_ptr(),
-                    linear.scale.data_ptr(),
-                    None if linear.bias is None else linear.bias.data_ptr(),
-                    linear.in_features,
-                    linear.out_features,
-                )
-                for linear, pack in zip(linears, packs)
-            ]
-            struct = Layer8(*_layer_head(layer, norms), *parts)
-            made = (struct, keep)
-    _LAYERS[layer] = made
-    return made
-
-
 def layer_step(
     made: tuple[Layer8, list],
     x: torch.Tensor,
@@ -1491,88 +1454,6 @@ class Layer32(ctypes.Structure):
         ("compute", _P),
         *((name, Linear32) for name in ("qkv", "self_out", "cross_q", "cross_out", "ffn_in", "ffn_out")),
     ]
-
-
-def layer32(layer) -> tuple[Layer32, list] | None:
-    """A decoding copy's fp32 DecoderLayer as `layer_step32` takes it, or None: linears all PackedLinear (MKL's
-    packed product, Intel) or all NativeLinear (fp32_linear's kernel) with biases and output units a multiple
-    of 64."""
-    made = _LAYERS32.get(layer, _LAYERS32)
-    if made is not _LAYERS32:
-        return made
-    from nmt.models.onednn import NativeLinear
-    from nmt.models.packed import PackedLinear, mkl_packed
-
-    made = None
-    linears, norms = _layer_parts(layer)
-    mkl = mkl_packed()
-    if (
-        norms
-        and fp32()
-        and all(
-            type(linear) is NativeLinear and linear.bias is not None and linear.out_features % 64 == 0
-            for linear in linears
-        )
-    ):
-        packs = [linear.arranged() for linear in linears]
-        parts = [
-            Linear32(packed.data_ptr(), bias.data_ptr(), linear.in_features, linear.out_features)
-            for linear, (packed, bias) in zip(linears, packs)
-        ]
-        struct = Layer32(*_layer_head(layer, norms), None, *parts)
-        made = (struct, [packs, linears, norms])
-    elif (
-        mkl is not None
-        and norms
-        and all(type(linear) is PackedLinear and linear.bias is not None for linear in linears)
-    ):
-        packs = [linear._pack(mkl) for linear in linears]
-        parts = [
-            Linear32(pack.data_ptr(), linear.bias.data_ptr(), linear.in_features, linear.out_features)
-            for linear, pack in zip(linears, packs)
-        ]
-        struct = Layer32(*_layer_head(layer, norms), ctypes.cast(mkl.cblas_sgemm_compute, _P).value, *parts)
-        made = (struct, [packs, linears, norms])
-    _LAYERS32[layer] = made
-    return made
-
-
-def _layer_parts(layer) -> tuple[list, list]:
-    """A DecoderLayer's six linears in the kernels' order and its three norms; no norms where the layer is not
-    the one the kernels compute (a feed-forward other than linear-ReLU-dropout-linear, norms without weights).
-    An EncoderLayer (`encoder_forward`) has no cross-attention: its places hold the self-attention's output
-    projection and norm, which encoder_body never reads."""
-    attn, ffn = _self_attention(layer), layer.ffn
-    if hasattr(layer, "cross_attn"):
-        cross, norms = layer.cross_attn, [layer.res_self.norm, layer.res_cross.norm, layer.res_ffn.norm]
-        cross_linears = [cross.q_proj, cross.out_proj]
-    else:
-        norms, cross_linears = [layer.res_attn.norm, layer.res_attn.norm, layer.res_ffn.norm], [attn.out_proj] * 2
-    if len(ffn) != 4 or type(ffn[1]) is not torch.nn.ReLU or any(n.weight is None or n.bias is None for n in norms):
-        return [], []
-    linears = [getattr(attn, "qkv_proj", None), attn.out_proj, *cross_linears, ffn[0], ffn[-1]]
-    return linears, norms
-
-
-def _self_attention(layer):
-    return layer.self_attn if hasattr(layer, "self_attn") else layer.attn
-
-
-def _layer_head(layer, norms) -> tuple:
-    """Layer8's and Layer32's first fields: sizes, norms, attention scales."""
-    attn = _self_attention(layer)
-    cross = getattr(layer, "cross_attn", attn)
-    return (
-        attn.heads * attn.head_dim,
-        attn.heads,
-        attn.head_dim,
-        int((layer.res_self if hasattr(layer, "res_self") else layer.res_attn).pre),
-        (_P * 3)(*(n.weight.data_ptr() for n in norms)),
-        (_P * 3)(*(n.bias.data_ptr() for n in norms)),
-        (ctypes.c_float * 3)(*(n.eps for n in norms)),
-        1.0 if attn.prescaled else attn.scale,
-        1.0 if cross.prescaled else cross.scale,
-    )
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:

@@ -5,12 +5,12 @@ torch's F.linear multiplies fp32 matrices with MKL, whose kernels on an AMD EPYC
 GFLOP/s on one core, while oneDNN's reach 136-206 with the weight re-arranged once into its blocked
 layout (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise`): measured 2026-12-03 on one core,
 (2240, 256) x (256, 1024) 87 -> 206 GFLOP/s, (64, 256) x (256, 8000) 77 -> 191, (16, 256) x (256, 768) 71 -> 136.
-On an Intel Xeon MKL's packed product (nmt.models.packed) is as fast, so that stays there (`fp32_backend`).
+On an Intel Xeon MKL's packed product (nmt.engine.packed) is as fast, so that stays there (`fp32_backend`).
 
 A row's result does not depend on the other rows of its product (checked for 1 to 400 rows: a sentence gets the
 same numbers alone as in any batch), but differs from MKL's in the last bits (another order of summation), so
 decoding copies change in the last bits and, rarely, in an output where two tokens tie that closely.
-On other AVX-512 CPUs nmt's own kernel (NativeLinear, nmt.models.native.fp32_linear) is faster still where it
+On other AVX-512 CPUs nmt's own kernel (NativeLinear, nmt.engine.native.fp32_linear) is faster still where it
 counts: measured 2026-12-04 on one core of an AMD EPYC (Zen 4), 1.04x-1.7x oneDNN's product from 1 to 64 rows of
 the decoder's shapes and as fast above, with no per-shape set-up (oneDNN makes and keeps a kernel for every
 number of rows it meets: a fresh process pays for each new one) and the decoder's fused layer in one call.
@@ -27,9 +27,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from nmt.engine import native
+from nmt.engine.packed import CopiedWeightLinear, mkl_packed
 from nmt.errors import NmtError
-from nmt.models import native
-from nmt.models.packed import CopiedWeightLinear, mkl_packed
 from nmt.runtime import cpu_info
 
 BACKENDS = ("auto", "mkl", "native", "onednn", "torch")
@@ -99,7 +99,7 @@ class OnednnLinear(CopiedWeightLinear):
 
 class NativeLinear(CopiedWeightLinear):
     """An nn.Linear (the same parameters, shared) whose CPU fp32 products without gradients run on nmt's own
-    AVX-512 kernel (nmt.models.native.fp32_linear) with its weight arranged once: no per-shape set-up (oneDNN
+    AVX-512 kernel (nmt.engine.native.fp32_linear) with its weight arranged once: no per-shape set-up (oneDNN
     makes a kernel for every number of rows it meets, which a fresh process pays for at each new one), no
     operator overhead, and the fused decoder layer (native.layer_step32) on CPUs without MKL's packed product.
     Large products share torch's threads, each output computed as by one thread: the same numbers at any
