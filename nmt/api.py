@@ -161,9 +161,12 @@ class Model:
 
     def __repr__(self) -> str:
         m = self.config.model
+        from nmt.engine.native import describe
+
+        native = describe() if self.device.type == "cpu" else "none (not a CPU)"
         return (
             f"nmt.Model({self.source!r}, arch={m.arch}, step={self.loaded.step}, device={self.device}, "
-            f"{self.decode.precision})"
+            f"{self.decode.precision}, native={native})"
         )
 
     def settings(self, **overrides: Any) -> DecodeConfig:

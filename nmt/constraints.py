@@ -29,7 +29,7 @@ import torch
 
 from nmt.data.tokenizer import BOS, EOS
 from nmt.models.seq2seq import Seq2Seq, reorder
-from nmt.search import Hypothesis, length_penalty, log_probs
+from nmt.search import NO_REPETITION, Hypothesis, Repetition, length_penalty, log_probs, scores_of
 
 Phrase = tuple[int, ...]
 
@@ -109,11 +109,20 @@ def constrained_beam_search(
     alpha: float = 0.0,
     min_len: int = 0,
     nbest: int = 1,
+    prefix: list[list[int]] | None = None,
+    repetition: Repetition = NO_REPETITION,
 ) -> list[list[Hypothesis]]:
     """Beam search of width k whose outputs contain every phrase of constraints[b] (target ids) where the beam
-    allows, and no phrase of negative[b]; nbest hypotheses per sentence, those that met every phrase first."""
+    allows, and no phrase of negative[b]; nbest hypotheses per sentence, those that met every phrase first.
+
+    prefix[b]: target ids sentence b's output starts with (an interactive translator's typed start): its tokens
+    are forced one per step, scored as the model scores them, and a constraint they already contain counts as met.
+    `repetition` (no-repeat n-grams, the repetition penalty) applies to every chosen token after the prefix, the
+    prefix counting as output, as in `nmt.search.beam_search`."""
     batch = src.size(0)
     negative = negative or [[] for _ in range(batch)]
+    prefix = prefix or [[] for _ in range(batch)]
+    forcing_until = max((len(p) for p in prefix), default=0)
     enc = model.encode(src, src_mask)
     state = model.init_state(enc)
     src_lens = src_mask.sum(1).tolist()
@@ -122,22 +131,29 @@ def constrained_beam_search(
     finished: list[list[_Hyp]] = [[] for _ in range(batch)]
     width = 1  # rows per sentence in the state: 1 at the first step, then k
     prev = torch.full((batch,), BOS, dtype=torch.long, device=src.device)
+    history: list[list[int]] = [[] for _ in range(batch)]  # each row's output so far (B * width rows of t tokens)
     for t in range(int(max(limits))):
         logits, state, attn = model.step(prev, enc, state)  # (B * width, V), state, (B * width, S)
-        logp = log_probs(logits, t, min_len)
+        rows_history = torch.tensor(history, dtype=torch.long, device=src.device).view(len(history), t)
+        logp = scores_of(logits, t, min_len, rows_history, repetition)
+        forced = log_probs(logits, t, min_len) if t < forcing_until else None  # the prefix: no repetition control
         top_values, top_tokens = logp.topk(min(2 * k, logp.size(1)), dim=1)  # (B * width, 2K)
         top_values, top_tokens, logp_cpu = top_values.tolist(), top_tokens.tolist(), logp
-        rows, tokens_next = [], []
+        rows, tokens_next, history_next = [], [], []
         for b in range(batch):
             phrases, hyps = constraints[b], live[b]
             if len(finished[b]) >= k or not hyps:
                 rows += [b * width] * k
                 tokens_next += [EOS] * k
+                history_next += [[EOS] * (t + 1)] * k
                 live[b] = []
                 continue
             total = sum(len(p) for p in phrases)
             candidates: dict[tuple[int, int], tuple[float, int, int]] = {}  # (hyp, token) -> (score, hyp, token)
-            for h, hyp in enumerate(hyps):
+            if t < len(prefix[b]):  # the prefix's next token, on the one live hypothesis
+                token = prefix[b][t]
+                candidates[(0, token)] = (hyps[0].score + float(forced[b * width, token]), 0, token)
+            for h, hyp in enumerate(hyps if t >= len(prefix[b]) else []):
                 row = b * width + h
                 wanted = {phrase[p] for p, phrase in zip(hyp.progress, phrases) if p < len(phrase)}
                 wanted |= {phrase[0] for p, phrase in zip(hyp.progress, phrases) if p < len(phrase)}
@@ -174,11 +190,13 @@ def constrained_beam_search(
                 hyp = picked[j % len(picked)]
                 rows.append(hyp.row if hyp is not None else b * width)  # type: ignore[attr-defined]
                 tokens_next.append(hyp.tokens[-1] if hyp is not None else EOS)
+                history_next.append(hyp.tokens if hyp is not None else [EOS] * (t + 1))
         if not any(live):
             break
         index = torch.tensor(rows, dtype=torch.long, device=src.device)
         state = reorder(state, index)
         prev = torch.tensor(tokens_next, dtype=torch.long, device=src.device)
+        history = history_next
         width = k
     results = []
     for b in range(batch):

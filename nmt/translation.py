@@ -145,11 +145,12 @@ class Translator:
         d = self.decode
         batch = make_batch(src_ids).to(self.device)
         src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
+        rep = repetition(d)
         if (constraints and any(constraints)) or (avoid and any(avoid)):
-            if d.sampling or (prefix_ids is not None and any(prefix_ids)):
+            if d.sampling:
                 raise NmtError(
-                    "constraints with decode.sampling=true or with a prefix: constraints are for greedy and beam "
-                    "search without a prefix"
+                    "constraints with decode.sampling=true: constraints are for greedy and beam search (drop "
+                    "decode.sampling, or the constraints)"
                 )
             from nmt.constraints import constrained_beam_search
 
@@ -165,8 +166,9 @@ class Translator:
                 d.alpha,
                 d.min_len,
                 d.nbest,
+                [list(p) for p in prefix_ids] if prefix_ids is not None else None,
+                rep,
             )
-        rep = repetition(d)
         prefix = None
         if prefix_ids is not None and any(prefix_ids):
             if len({len(p) for p in prefix_ids}) != 1:

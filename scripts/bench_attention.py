@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import sys
 import time
@@ -199,21 +200,37 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--keep-denormals",
+        action="store_true",
+        help="do not flush denormal floats to zero (by default they are: see `measure`)",
+    )
     parser.add_argument("--plot", type=Path, default=Path("docs/attention_cost.png"))
     parser.add_argument("--json", type=Path, help="also write the measurements here (scripts/study_claims.py --cost)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    # Random unscaled inputs give dot scores of s.d. sqrt(dim) (16 at d256): the softmax then underflows into
+    # denormal floats, whose arithmetic the CPU runs many times slower (dot measured 7.3 s at 4,096 against
+    # general's 1.0 s, 2026-12-06, Intel Xeon). That is the CPU's penalty on these inputs, not the mechanism's
+    # cost, so denormals are flushed to zero unless --keep-denormals.
+    denormals_flushed = torch.set_flush_denormal(not args.keep_denormals) and not args.keep_denormals
     lengths, results = measure(args)
     print(table(lengths, results))
     title = (
         f"batch {args.batch}, dim {args.dim}, D={args.window}, {args.device}, {args.threads} thread(s), "
-        f"median of {args.runs}"
+        f"median of {args.runs}{', denormals flushed' if denormals_flushed else ''}"
     )
     plot(lengths, results, args.plot, title)
     print(f"plot: {args.plot} ({title})")
     if args.json:
         keys = ("batch", "dim", "heads", "window", "runs", "threads", "device", "quadratic_max_len")
-        settings = {k: getattr(args, k) for k in keys}
+        from nmt.runtime import cpu_info
+
+        settings = {k: getattr(args, k) for k in keys} | {
+            "denormals_flushed": denormals_flushed,
+            "cpu": cpu_info("model name") or platform.processor(),
+            "date": time.strftime("%Y-%m-%d"),
+        }
         found = {
             name: [
                 {"n": n, "ms": statistics.median(times) * 1e3, "runs_ms": [t * 1e3 for t in times], "mb": mb}

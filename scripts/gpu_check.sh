@@ -147,7 +147,7 @@ EOF
     report ct2 FAILED "see $OUT/ct2.log"
   fi
 else
-  report ct2 skipped "ctranslate2 is not installed (pip install 'nmt-attention[ct2]')"
+  report ct2 skipped "ctranslate2 is not installed (pip install -e '.[ct2]' in the nmt clone)"
 fi
 
 echo "gpu_check: $PASSED passed, $FAILED failed, $SKIPPED skipped (logs in $OUT)"

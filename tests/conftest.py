@@ -11,6 +11,10 @@ import torch
 from nmt.config import Config, DataConfig, ModelConfig, TrainConfig
 from nmt.data.synthetic import generate_toy_corpus
 
+# The native kernels (nmt/engine/csrc/) build with warnings as errors in the tests: a warning a change brings in fails
+# the suite here, where users' builds (no -Werror) would only print it. A caller's own flags are kept.
+os.environ.setdefault("NMT_NATIVE_FLAGS", "-Werror")
+
 MULTI30K = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"))
 
 torch.set_num_threads(min(2, torch.get_num_threads()))

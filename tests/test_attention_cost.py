@@ -8,7 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from nmt.config import ModelConfig
-from nmt.models.attention import AdditiveScores, WindowDot, WindowSum, additive_scores, make_attention
+from nmt.models.attention import make_attention
+from nmt.models.attention_cost import AdditiveScores, WindowDot, WindowSum, additive_scores
 from nmt.models.builders import build_model
 from tests.conftest import random_batch
 
@@ -69,8 +70,8 @@ def test_window_only_equals_scoring_every_position_then_masking(
     windows gathered all at once or a few queries at a time (small_blocks)."""
     torch.manual_seed(0)
     if small_blocks:  # three queries' windows (3 * W * 8 elements) or fewer at a time
-        monkeypatch.setattr("nmt.models.attention.CHUNK", 3 * (2 * D + 1) * 8)
-        monkeypatch.setattr("nmt.models.attention.KEEP", 0)
+        monkeypatch.setattr("nmt.models.attention_cost.CHUNK", 3 * (2 * D + 1) * 8)
+        monkeypatch.setattr("nmt.models.attention_cost.KEEP", 0)
     attention = make_attention(score, 8, 8, 8, window=window, window_size=D)
     if v_p is not None:
         with torch.no_grad():
@@ -216,7 +217,7 @@ def test_teacher_forcing_builds_no_source_wide_attention_but_search_still_gets_i
 @pytest.mark.parametrize("chunk", [1, 2 * 3 * 4, 10**6])  # one query's window at a time, two queries, all
 def test_window_products_gradients_are_exact(chunk, monkeypatch):
     """gradcheck in float64 of both window products, their table rows repeated across queries and windows."""
-    monkeypatch.setattr("nmt.models.attention.CHUNK", chunk)
+    monkeypatch.setattr("nmt.models.attention_cost.CHUNK", chunk)
     g = torch.Generator().manual_seed(0)
     x, a, table = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((5, 4), (5, 3), (6, 4)))
     index = torch.tensor([[0, 1, 2], [1, 2, 3], [3, 4, 5], [3, 4, 5], [0, 0, 5]])  # (N=5, W=3) rows of the table
@@ -269,8 +270,8 @@ def test_additive_and_concat_never_hold_the_four_way_tensor(score, monkeypatch):
     query, keys, values, mask, _ = inputs((7, 4), T=6)
     query.requires_grad_()
     whole, _ = attention(query, attention.prepare(keys), values, mask)
-    monkeypatch.setattr("nmt.models.attention.CHUNK", 64)
-    monkeypatch.setattr("nmt.models.attention.KEEP", 0)  # not one block kept whole
+    monkeypatch.setattr("nmt.models.attention_cost.CHUNK", 64)
+    monkeypatch.setattr("nmt.models.attention_cost.KEEP", 0)  # not one block kept whole
     with Shapes() as shapes:
         context, _ = attention(query, attention.prepare(keys), values, mask, need_weights=False)
         context.sum().backward()

@@ -49,6 +49,60 @@ def test_every_output_holds_its_constraints_and_none_of_the_avoided(arch):
             assert h.attention.size(1) <= batch.src.size(1)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_prefix_is_forced_first_and_the_constraints_still_hold(arch, k):
+    """The interactive case: every output starts with its prefix and holds its constraints; a constraint the prefix
+    already contains counts as met (the output need not repeat it); without constraints the result is plain beam
+    search's from the same prefix (the same tokens)."""
+    from nmt.search import beam_search, greedy_search
+
+    model, batch = tiny_model(arch, seed=4), random_sources(4)  # 5 sentences
+    max_len = torch.full((5,), 12)
+    prefix = [[9, 10], [7], [11, 12, 13], [5, 6], [8]]
+    constraints = [[(20, 21)], [(7,), (12,)], [(12, 13)], [(5, 6)], [(14,)]]  # sentences 2 and 3: met by the prefix
+    found = constrained_beam_search(model, batch.src, batch.src_mask, max_len, k, constraints, prefix=prefix)
+    for hyps, start, need in zip(found, prefix, constraints):
+        tokens = hyps[0].tokens
+        assert tokens[: len(start)] == start and satisfied(tokens, need), (tokens, start, need)
+    for b in (2, 3):  # nothing left to force: the search is free after the prefix
+        assert found[b][0].tokens.count(prefix[b][0]) >= 1
+    free = constrained_beam_search(model, batch.src, batch.src_mask, max_len, k, [[]] * 5, prefix=[[9, 10]] * 5)
+    tensor = torch.tensor([[9, 10]] * 5)
+    plain = (
+        [[h] for h in greedy_search(model, batch.src, batch.src_mask, max_len, prefix=tensor)]
+        if k == 1
+        else beam_search(model, batch.src, batch.src_mask, max_len, k, prefix=tensor)
+    )
+    assert [h[0].tokens for h in free] == [h[0].tokens for h in plain]
+    for a, b in zip(free, plain):
+        assert abs(a[0].score - b[0].score) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_repetition_control_holds_in_the_constrained_search(arch):
+    """no_repeat_ngram_size and repetition_penalty are honoured with constraints, not dropped: no output repeats
+    a bigram (outside what its constraints and prefix force), and the penalty changes what is chosen."""
+    from nmt.search import Repetition
+
+    model, batch = tiny_model(arch, seed=4), random_sources(5)
+    max_len = torch.full((5,), 16)
+    constraints = [[(9,)], [(7,)], [], [(20,)], [(5,)]]
+    found = constrained_beam_search(
+        model, batch.src, batch.src_mask, max_len, 3, constraints, repetition=Repetition(no_repeat=2)
+    )
+    for hyps, need in zip(found, constraints):
+        tokens = hyps[0].tokens
+        grams = [tuple(tokens[i : i + 2]) for i in range(len(tokens) - 1)]
+        assert len(grams) == len(set(grams)), tokens
+        assert satisfied(tokens, need)
+    plain = constrained_beam_search(model, batch.src, batch.src_mask, max_len, 3, constraints)
+    penalised = constrained_beam_search(
+        model, batch.src, batch.src_mask, max_len, 3, constraints, repetition=Repetition(penalty=5.0)
+    )
+    assert [h[0].tokens for h in plain] != [h[0].tokens for h in penalised]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, toy_dir):
     return trained_pair(tmp_path_factory, toy_dir)
@@ -61,6 +115,8 @@ def test_constraints_from_the_api_the_cli_and_the_server(runs, toy_dir, tmp_path
     out = model.translate(sources, constraints=[words[:1], [], words, [words[1]]])
     assert words[0] in out[0] and all(w in out[2] for w in words) and words[1] in out[3]
     assert all(words[0] not in text for text in model.translate(sources, avoid=[words[0]]))
+    typed = model.translate(sources, prefix="hel", constraints=words[:1], no_repeat_ngram_size=3)
+    assert all(text.startswith("hel") and words[0] in text for text in typed)
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"text": sources[0], "constraints": words}) + "\n\n")
     code, _, err = cli(
@@ -93,5 +149,9 @@ def test_constraints_from_the_api_the_cli_and_the_server(runs, toy_dir, tmp_path
         assert reply.status_code == 200, reply.text
         for result in reply.json()["translations"]:
             assert all(w in result["text"] for w in words)
+        typed = c.post("/v1/translate", json={"text": sources[:1], "prefix": "hel", "constraints": ["pulkor"]})
+        assert typed.status_code == 200, typed.text
+        text = typed.json()["translations"][0]["text"]
+        assert text.startswith("hel") and "pulkor" in text
         bad = c.post("/v1/translate", json={"text": sources[:2], "constraints": "pulkor"})
         assert bad.status_code == 422 and bad.json()["field"] == "constraints"

@@ -13,10 +13,10 @@ USAGE = """
 usage: nmt-export checkpoint=PATH format=ctranslate2|hf out=DIR [quantization=int8|int8_float32|int16|float16|bfloat16] [max_positions=N] [shortlist=FILE]
 
 Convert a Transformer checkpoint (a file or a run dir) into a CTranslate2 model directory, with the
-SentencePiece model beside it (needs `pip install 'nmt-attention[ct2]'`). Examples:
+SentencePiece model beside it (needs `pip install -e '.[ct2]' in the nmt clone`). Examples:
   nmt-export checkpoint=runs/quickstart format=ctranslate2 out=exported/quickstart
   nmt-export checkpoint=runs/m30k/checkpoints/best.pt format=ctranslate2 out=m30k_ct2 quantization=int8
-  nmt-export checkpoint=runs/m30k format=hf out=m30k_hf     # Hugging Face Transformers (pip install 'nmt-attention[hf]')
+  nmt-export checkpoint=runs/m30k format=hf out=m30k_hf     # Hugging Face Transformers (pip install -e '.[hf]' in the nmt clone)
   nmt-export checkpoint=runs/m30k out=m30k_ct2 shortlist=m30k.vmap   # with a vocabulary map (nmt-shortlist): use_vmap=True
 Then, in Python:
   import ctranslate2, sentencepiece as spm

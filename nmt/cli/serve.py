@@ -97,7 +97,7 @@ def serve(cfg: ServeConfig) -> None:
         from nmt.serve.models import load_model
     except ImportError as err:
         raise NmtError(
-            f"nmt-serve needs the serve extra ({err.name} is missing): pip install 'nmt-attention[serve]'"
+            f"nmt-serve needs the serve extra ({err.name} is missing): pip install -e '.[serve]' in the nmt clone"
         ) from None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

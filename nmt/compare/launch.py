@@ -51,7 +51,7 @@ def executor(launcher: str, folder: Path, slurm: SlurmSettings):
     try:
         import submitit
     except ImportError:
-        raise NmtError(f"launcher={launcher} needs submitit: pip install 'nmt-attention[cluster]'") from None
+        raise NmtError(f"launcher={launcher} needs submitit: pip install -e '.[cluster]' in the nmt clone") from None
     if launcher == "submitit_local":
         found = submitit.LocalExecutor(folder=str(folder))
         found.update_parameters(timeout_min=slurm.timeout_min)

@@ -2,6 +2,12 @@
 native.decoder_step and native.encoder_forward read (pointers into the layer's packed weights, norms and biases),
 made once per layer and kept beside it (never pickled with the model).
 
+A struct holds raw pointers, so what it is made of is kept with it: every tensor it points into (the packed
+weights, each linear's scale and bias, the norms' weights and biases), so reassigning a parameter cannot free
+memory the kernels still read; and `refresh` (at every encoder call and every search's `prepare`) makes the
+structs again for any layer whose parameters were replaced or changed in place since (their identity and torch's
+version counter).
+
     layer8   every linear an Int8Linear (nmt.engine.quantize) packed for VNNI: the int8 kernels
     layer32  every linear a NativeLinear (nmt's AVX-512 fp32 kernel) or every one a PackedLinear (MKL's packed
              product, called from the C through its function pointer): the fp32 kernels
@@ -19,10 +25,10 @@ import torch
 from torch import nn
 
 from nmt.engine import native
-from nmt.engine.native import Layer8, Layer32, Linear8, Linear32
 from nmt.engine.onednn import NativeLinear
 from nmt.engine.packed import PackedLinear, mkl_packed
 from nmt.engine.quantize import Int8Linear
+from nmt.engine.structs import Layer8, Layer32, Linear8, Linear32
 
 FUSED_MAX_ROWS = 128  # an int8 decoding copy's step runs on the int8 kernels (where they are built with VNNI) on
 # one thread, or with more threads at up to this many rows (measured 2026-12-03 for one call per layer,
@@ -33,6 +39,30 @@ _P = ctypes.c_void_p
 _LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (Layer8, tensors it points into) or
 # None: made at a layer's first fused step
 _LAYERS32: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the same for layer32
+_PRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> `fingerprint` when its structs were made
+
+
+def _tensors(layer: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of the layer's linears and norms: what its structs point into or were made from."""
+    linears, norms = _layer_parts(layer)
+    return [t for module in (*linears, *norms) for t in (*module.parameters(False), *module.buffers(False))]
+
+
+def fingerprint(layer: nn.Module) -> tuple:
+    return tuple((id(t), t._version) for t in _tensors(layer))
+
+
+def refresh(layers) -> None:
+    """Forget the structs of every layer whose tensors changed since they were made (a parameter replaced, or
+    written in place): its next step makes them again from what the layer holds now. Once per batch, not per step."""
+    for layer in layers:
+        made = _PRINTS.get(layer)
+        if made is not None and made != fingerprint(layer):
+            for cache in (_LAYERS, _LAYERS32, _PRINTS):
+                cache.pop(layer, None)
+            for linear in _layer_parts(layer)[0]:
+                if isinstance(linear, Int8Linear):
+                    linear._vnni = None  # its VNNI pack, made from its int8 weights
 
 
 def fused(layer: nn.Module, rows: int) -> tuple | None:
@@ -55,7 +85,7 @@ def layer8(layer: nn.Module) -> tuple[Layer8, list] | None:
     if native.vnni() and norms and all(type(linear) is Int8Linear for linear in linears):
         packs = [linear.native_pack() if linear.out_features % 64 == 0 else None for linear in linears]
         if all(packs):
-            keep: list = [packs, linears, norms]
+            keep: list = [packs, linears, norms, _tensors(layer)]
             parts = [
                 Linear8(
                     pack[0].data_ptr(),
@@ -70,6 +100,7 @@ def layer8(layer: nn.Module) -> tuple[Layer8, list] | None:
             struct = Layer8(*_layer_head(layer, norms), *parts)
             made = (struct, keep)
     _LAYERS[layer] = made
+    _PRINTS[layer] = fingerprint(layer)
     return made
 
 
@@ -97,7 +128,7 @@ def layer32(layer: nn.Module) -> tuple[Layer32, list] | None:
             for linear, (packed, bias) in zip(linears, packs)
         ]
         struct = Layer32(*_layer_head(layer, norms), None, *parts)
-        made = (struct, [packs, linears, norms])
+        made = (struct, [packs, linears, norms, _tensors(layer)])
     elif (
         mkl is not None
         and norms
@@ -109,8 +140,9 @@ def layer32(layer: nn.Module) -> tuple[Layer32, list] | None:
             for linear, pack in zip(linears, packs)
         ]
         struct = Layer32(*_layer_head(layer, norms), ctypes.cast(mkl.cblas_sgemm_compute, _P).value, *parts)
-        made = (struct, [packs, linears, norms])
+        made = (struct, [packs, linears, norms, _tensors(layer)])
     _LAYERS32[layer] = made
+    _PRINTS[layer] = fingerprint(layer)
     return made
 
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.engine import native
-from nmt.engine.layers import fused, layer8, layer32, native_norm
+from nmt.engine.layers import fused, layer8, layer32, native_norm, refresh
 from nmt.models import transformer
 from nmt.models.seq2seq import Enc, State
 
@@ -184,6 +184,7 @@ class TransformerEncoder(transformer.TransformerEncoder):
         thread, Zen 4, median of 7)."""
         embed, weight = self.embed, self.embed.tokens.weight
         length = src.size(1)
+        refresh(self.layers)
         if (
             not length
             or length > embed.positions.size(0)
@@ -228,6 +229,7 @@ class TransformerDecoder(transformer.TransformerDecoder):
         of them), with "cross_slot" (B,): the index of each sentence's there; else as "cross_k{i}", "cross_v{i}"."""
         prepared = dict(enc)
         src_mask = enc["src_mask"]  # (B, S)
+        refresh(self.layers)  # structs made again for layers whose parameters changed since the last search
         extra = max(SHORT - src_mask.size(1), 0)
         shared = native.usable(enc["memory"])
         name = "shared_cross_" if shared else "cross_"

@@ -45,7 +45,7 @@ def _ct2():
         import ctranslate2
     except ImportError:
         raise NmtError(
-            "format=ctranslate2 needs the ctranslate2 package: pip install 'nmt-attention[ct2]' "
+            "format=ctranslate2 needs the ctranslate2 package: pip install -e '.[ct2]' in the nmt clone "
             "(or pip install ctranslate2)"
         ) from None
     return ctranslate2

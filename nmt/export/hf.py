@@ -45,7 +45,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise NmtError("format=hf needs the transformers package: pip install 'nmt-attention[hf]'") from None
+        raise NmtError("format=hf needs the transformers package: pip install -e '.[hf]' in the nmt clone") from None
     return transformers
 
 

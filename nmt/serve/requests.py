@@ -189,8 +189,6 @@ def parse_request(
     attention = attention_lines(fields, len(lines))
     prefixes = prefix_lines(fields, len(lines))
     needs, avoids = phrase_lines(fields, "constraints", len(lines)), phrase_lines(fields, "avoid", len(lines))
-    if (needs or avoids) and prefixes:
-        raise RequestError(422, "constraints", "constraints or avoid with a prefix: not supported together")
     return TranslateRequest(lines, beam, nbest, attention, model, prefixes, alignments, needs, avoids)
 
 
