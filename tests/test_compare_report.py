@@ -216,3 +216,21 @@ def test_chrf_plus_plus_is_filled_in_for_runs_scored_before_it_existed(out):
     results = json.loads((out / "results.json").read_text())
     assert "base seed 2" in results["filled_by_report"] and results["comet"] is None
     assert results["consistency"]["signatures"]["chrf++"][0].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:2")
+
+
+def test_order_changes_are_listed_only_between_variants_that_are_apart():
+    """Two variants at 0.01 and 0.02 BLEU early in training have no order to change; 10 vs 12 becoming 15 vs 11 is
+    a change, listed once with the one that passes first."""
+    from nmt.compare.budgets import order_changes
+
+    def table(point, means):
+        return {"point": point, "rows": [{"name": n, "bleu": {"mean": m}} for n, m in means.items()]}
+
+    tables = [
+        table(50, {"a": 0.01, "b": 0.02, "c": 10.0, "d": 12.0}),
+        table(125, {"a": 0.03, "b": 0.01, "c": 15.0, "d": 11.0}),
+    ]
+    changes = order_changes(tables)
+    assert [(c["passes"], c["passed"], c["from"], c["to"]) for c in changes] == [("c", "d", 50, 125)]
+    assert changes[0]["before"] == (10.0, 12.0) and changes[0]["after"] == (15.0, 11.0)
+    assert len(order_changes(tables, gap=0.0)) == 2  # every swap when asked for

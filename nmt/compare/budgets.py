@@ -59,8 +59,12 @@ def point_table(runs: dict[str, list[RunRecord]], point: int, baseline: str, ref
     return {"point": point, "rows": rows, "notes": tests.notes}
 
 
-def order_changes(tables: list[dict]) -> list[dict]:
-    """Pairs of variants whose order by mean BLEU differs between consecutive budget points."""
+ORDER_GAP = 1.0  # BLEU: an order change is listed when the two variants are this far apart at both points
+
+
+def order_changes(tables: list[dict], gap: float = ORDER_GAP) -> list[dict]:
+    """Pairs of variants whose order by mean BLEU differs between consecutive budget points, each at least `gap`
+    BLEU apart at both points (two variants at 0.01 and 0.02 BLEU early in training have no order to change)."""
     changes = []
     for before, after in zip(tables, tables[1:]):
         mean = lambda table, name: next(  # noqa: E731
@@ -71,6 +75,8 @@ def order_changes(tables: list[dict]) -> list[dict]:
             for b in names[i + 1 :]:
                 a0, b0, a1, b1 = mean(before, a), mean(before, b), mean(after, a), mean(after, b)
                 if None in (a0, b0, a1, b1) or (a0 - b0) * (a1 - b1) >= 0:
+                    continue
+                if min(abs(a0 - b0), abs(a1 - b1)) < gap:
                     continue
                 first, second = (a, b) if a1 > b1 else (b, a)  # `first` passes `second`
                 changes.append(
@@ -170,6 +176,8 @@ def time_matched(runs: dict[str, list[RunRecord]], probes: list[dict], limit: fl
                     "range": (low, high),
                     "bleu": interpolate_bleu(means, updates),
                     "bleu_range": (interpolate_bleu(means, low), interpolate_bleu(means, high)),
+                    # where no BLEU can be read: fewer updates than the first point scored, or more than the last
+                    "outside": None if not means else "below" if updates < min(means) else "above",
                 }
             )
         rows.append({"name": name, "speed": speed, "cells": cells})

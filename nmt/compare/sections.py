@@ -6,6 +6,7 @@ Every number comes from the summary (nmt.compare.budgets, provenance, speed), it
 
 from __future__ import annotations
 
+from nmt.compare.budgets import ORDER_GAP
 from nmt.compare.markdown import NA, interval, num, signed, spread, table
 from nmt.evaluation.significance import MIN_SEEDS
 from nmt.training.progress import duration
@@ -62,7 +63,11 @@ def budget_section(tables: list[dict], changes: list[dict], baseline: str, figur
     if figure:
         lines += [f"![Test BLEU at each budget point]({figure})", ""]
     if changes:
-        lines += ["Where the order changes (means over seeds; the tests above are against the baseline only):", ""]
+        lines += [
+            f"Where the order changes (means over seeds, pairs at least {ORDER_GAP:g} BLEU apart at both points; the "
+            "tests above are against the baseline only):",
+            "",
+        ]
         lines += [
             f"- between {c['from']:,} and {c['to']:,} updates, **{c['passes']}** passes {c['passed']} "
             f"({num(c['before'][0], 2)} vs {num(c['before'][1], 2)} → {num(c['after'][0], 2)} vs "
@@ -70,7 +75,10 @@ def budget_section(tables: list[dict], changes: list[dict], baseline: str, figur
             for c in changes
         ]
     else:
-        lines.append("The order of the variants by mean test BLEU is the same at every budget point.")
+        lines.append(
+            f"The order of the variants by mean test BLEU is the same at every budget point (among pairs at least "
+            f"{ORDER_GAP:g} BLEU apart at both points)."
+        )
     return lines + [""]
 
 
@@ -154,7 +162,9 @@ def speed_section(matched: dict | None, probes: list[dict], limit: float) -> lis
             if cell is None:
                 cells.append(NA)
                 continue
-            bleu = num(cell["bleu"], 2) if cell["bleu"] is not None else "beyond the points scored"
+            below = cell.get("outside") == "below"
+            outside = "before the first point scored" if below else "past the last point scored"
+            bleu = num(cell["bleu"], 2) if cell["bleu"] is not None else outside
             cells.append(f"{cell['updates']:,.0f} [{cell['range'][0]:,.0f}, {cell['range'][1]:,.0f}] → {bleu}")
         rows.append(cells)
     lines += [
