@@ -11,7 +11,7 @@
 # docs/studies/attention-multi30k/{en-de,en-fr}/runs/ as they finish, and copied back into the output folders before
 # nmt-compare continues, which then skips them (an extended run whose checkpoints are gone trains again from the
 # start, which gives the same run). The speed probes are not part of this script: they need an idle machine
-#   nmt-compare experiment=compare_attention_multi30k_cpu data.root=DATA out=runs/attention_multi30k_cpu probe=true
+#   nmt-compare experiment=compare_attention_multi30k_cpu data.root=DATA out=runs/attention_multi30k_cpu_probes probe=true
 # and scripts/study_publish.sh writes the pages once the runs are done.
 #
 # Environment: STUDY_CODE, a checkout whose nmt package runs the study (default: this one), so that the code can be

@@ -8,7 +8,9 @@
 # the claims' verdicts; results.csv, results.json, the figures), copied into docs/studies/attention-multi30k/PAIR/.
 # --curves first measures the attention cost curves (scripts/bench_attention.py at the study's width, to 4,096 source
 # tokens, one thread: a timing, so only on an otherwise idle machine) into the docs folder and each output folder,
-# where the cost claims read them. Without --partial it refuses a study whose runs are not all finished.
+# where the cost claims read them. The speed probes are read from OUT_probes/probes.json where that exists (they
+# run in a folder of their own, since the grid's nmt-compare holds OUT). Without --partial it refuses a study whose
+# runs are not all finished.
 # Environment: STUDY_RUNS (default runs/), BIN (the virtual environment's bin folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,8 @@ for pair in en-de en-fr; do
   esac
   [ -f "$out/comparison.yaml" ] || { echo "$pair: $out/comparison.yaml not found, skipped"; continue; }
   [ -f "$DOCS/attention_cost.json" ] && cp "$DOCS/attention_cost.json" "$out/attention_cost.json"
+  # the speed probes run in a folder of their own (the grid's nmt-compare holds the output folder while it runs)
+  [ -f "${out}_probes/probes.json" ] && cp "${out}_probes/probes.json" "$out/probes.json"
   OMP_NUM_THREADS=1 "$BIN/nmt-compare" report_only=true out="$out" > /dev/null
   finished=$(grep -o '[0-9]* of [0-9]* runs finished' "$out/report.md" | head -1)
   if [ "$PARTIAL" = 0 ] && grep -q "not finished" "$out/report.md"; then

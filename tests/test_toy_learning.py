@@ -38,8 +38,11 @@ def test_each_family_learns_the_toy_at_the_comparisons_settings(variant, toy_exp
         f"data.test={folder}/toy/test",
         f"data.cache_dir={folder}/cache",
     ]
+    # one validation, at the end (the comparison validates every 25 updates to choose its budget points' models;
+    # validation does not change training, and ten of them were most of this test's time)
+    once = ["train.valid_every=250", "train.save_every=250"]
     overrides = merge_overrides(
-        toy_experiment.shared, toy_experiment.overrides[variant], data, ["train.progress=false", "train.seed=1"]
+        toy_experiment.shared, toy_experiment.overrides[variant], data, ["train.progress=false", "train.seed=1", *once]
     )
     cfg = compose("config", overrides)
     assert cfg.train.max_steps == 250 and cfg.model.dim == 64 and cfg.train.threads == 1  # the comparison's settings

@@ -246,39 +246,41 @@ def layout_mismatch(lib: ctypes.CDLL) -> str | None:
     return None
 
 
-_STATE = {"line": "not loaded yet"}
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The kernels, or None (no compiler, a failed build, a refused cache, a layout mismatch, NMT_NATIVE=0)."""
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """The kernels, or None (no compiler, a failed build, a refused cache, a layout mismatch, NMT_NATIVE=0), and one
+    line saying which library it is or why there is none. Every call builds or loads anew: use `library()`."""
     if os.environ.get("NMT_NATIVE", "1") == "0":
-        _STATE["line"] = "off (NMT_NATIVE=0): torch's operators"
-        return None
+        return None, "off (NMT_NATIVE=0): torch's operators"
     path = build()
     if path is None:
-        _STATE["line"] = "none (no compiler, a failed build or a refused cache folder): torch's operators"
-        return None
+        return None, "none (no compiler, a failed build or a refused cache folder): torch's operators"
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as error:
         warn(f"{path} does not load ({error}); decoding uses torch's operators")
-        _STATE["line"] = "none (the library does not load): torch's operators"
-        return None
+        return None, "none (the library does not load): torch's operators"
     for name, (args, result) in SIGNATURES.items():
         function = getattr(lib, name)
         function.argtypes, function.restype = args, result
     mismatch = layout_mismatch(lib)
     if mismatch is not None:
         warn(f"the C structs and their Python copies differ ({mismatch}); kernels disabled, torch's operators used")
-        _STATE["line"] = f"disabled (struct layout: {mismatch}): torch's operators"
-        return None
-    _STATE["line"] = f"{path.name} ({compiler_version(_compiler() or 'cc')})"
-    LOG.info("native kernels: %s from %s", _STATE["line"], path.parent)
-    return lib
+        return None, f"disabled (struct layout: {mismatch}): torch's operators"
+    line = f"{path.name} ({compiler_version(_compiler() or 'cc')})"
+    LOG.info("native kernels: %s from %s", line, path.parent)
+    return lib, line
+
+
+@functools.cache
+def _loaded() -> tuple[ctypes.CDLL | None, str]:
+    return load()
+
+
+def library() -> ctypes.CDLL | None:
+    """The kernels of this process (built or loaded once), or None: then callers use their torch operators."""
+    return _loaded()[0]
 
 
 def describe() -> str:
-    """Which native library decodes here, or why none does (after `library()` has been asked)."""
-    library()
-    return _STATE["line"]
+    """Which native library decodes in this process, or why none does."""
+    return _loaded()[1]
