@@ -37,8 +37,12 @@ for pair in en-de en-fr; do
   esac
   [ -f "$out/comparison.yaml" ] || { echo "$pair: $out/comparison.yaml not found, skipped"; continue; }
   [ -f "$DOCS/attention_cost.json" ] && cp "$DOCS/attention_cost.json" "$out/attention_cost.json"
-  # the speed probes run in a folder of their own (the grid's nmt-compare holds the output folder while it runs)
-  [ -f "${out}_probes/probes.json" ] && cp "${out}_probes/probes.json" "$out/probes.json"
+  # the speed probes run in a folder of their own (the grid's nmt-compare holds the output folder while it runs);
+  # they are archived beside the runs (DOCS/PAIR/probes.json), which a fresh checkout reads
+  if [ -f "${out}_probes/probes.json" ]; then
+    mkdir -p "$DOCS/$pair" && cp "${out}_probes/probes.json" "$DOCS/$pair/probes.json"
+  fi
+  [ -f "$DOCS/$pair/probes.json" ] && cp "$DOCS/$pair/probes.json" "$out/probes.json"
   OMP_NUM_THREADS=1 "$BIN/nmt-compare" report_only=true out="$out" > /dev/null
   finished=$(grep -o '[0-9]* of [0-9]* runs finished' "$out/report.md" | head -1)
   if [ "$PARTIAL" = 0 ] && grep -q "not finished" "$out/report.md"; then
@@ -48,6 +52,5 @@ for pair in en-de en-fr; do
   mkdir -p "$DOCS/$pair"
   cp "$out"/report.md "$out"/results.csv "$out"/results.json "$DOCS/$pair/"
   cp "$out"/*.png "$DOCS/$pair/" 2>/dev/null || true
-  [ -f "$out/probes.json" ] && cp "$out/probes.json" "$DOCS/$pair/"
   echo "published $pair ($finished): $DOCS/$pair"
 done

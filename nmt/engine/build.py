@@ -85,6 +85,7 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {  # name -> (argument types, 
         ctypes.c_int,
     ),
     "nmt_layout": ([_P, _I64], _I64),
+    "nmt_indices_within": ([_P, _I64, _I64, _I64, _I64], _INT),
 }  # fmt: skip
 
 _WARNED: set[str] = set()

@@ -19,7 +19,7 @@ Each computes a row from that row alone: a sentence's result does not depend on 
 The C lives in csrc/ (kernels.c, kernels.h); nmt.engine.build compiles, caches, checks and loads it. Where no
 compiler is found, the build fails, the cache folder is refused or NMT_NATIVE=0 is set, `library()` is None and
 callers use their torch operators: the kernels are a speed-up, never a requirement. Every wrapper here checks
-what it passes (dtype, device, contiguity, shapes, index bounds: `need`, `check`) before a pointer crosses into C,
+what it passes (dtype, device, contiguity, shapes, index bounds: `need`, `fail`) before a pointer crosses into C,
 and bounds such as top-k's k are checked again inside the C.
 
 Shape legend: R rows, I input features, O output features.
@@ -58,26 +58,26 @@ def need(
     its last dimension contiguous); else a ValueError that names the kernel, the argument and what it got. No
     pointer crosses into C unchecked: an expanded tensor (stride 0) or a view with gaps would be read out of
     bounds."""
-    if (
-        not isinstance(t, torch.Tensor)
-        or t.device.type != "cpu"
-        or t.dtype != dtype
-        or (dims is not None and t.dim() != dims)
-        or (t.is_contiguous() if contiguous else (t.dim() == 0 or t.stride(-1) == 1 or t.size(-1) == 1)) is False
+    if (  # the fast path first: called for every tensor of every decoding step
+        isinstance(t, torch.Tensor)
+        and t.is_cpu
+        and t.dtype is dtype
+        and (dims is None or t.dim() == dims)
+        and (t.is_contiguous() if contiguous else (t.dim() == 0 or t.stride(-1) == 1 or t.size(-1) == 1))
     ):
-        got = _shape(t) if isinstance(t, torch.Tensor) else type(t).__name__
-        layout = "contiguous" if contiguous else "its last dimension contiguous"
-        raise ValueError(
-            f"native.{function}: {name} must be a CPU {str(dtype).removeprefix('torch.')} tensor"
-            f"{'' if dims is None else f' of {dims} dimensions'}, {layout}; got {got}"
-        )
-    return t
+        return t
+    got = _shape(t) if isinstance(t, torch.Tensor) else type(t).__name__
+    layout = "contiguous" if contiguous else "its last dimension contiguous"
+    raise ValueError(
+        f"native.{function}: {name} must be a CPU {str(dtype).removeprefix('torch.')} tensor"
+        f"{'' if dims is None else f' of {dims} dimensions'}, {layout}; got {got}"
+    )
 
 
-def check(function: str, ok: bool, what: str) -> None:
-    """A size or bound a kernel relies on; else a ValueError naming the kernel and what was expected."""
-    if not ok:
-        raise ValueError(f"native.{function}: {what}")
+def fail(function: str, what: str) -> None:
+    """A size or bound a kernel relies on does not hold: a ValueError naming the kernel and what was expected (the
+    callers test first and build the message only then: these checks run at every decoding step)."""
+    raise ValueError(f"native.{function}: {what}")
 
 
 def done(function: str, code: int) -> int:
@@ -90,10 +90,15 @@ def done(function: str, code: int) -> int:
 
 
 def _index_within(function: str, name: str, index: torch.Tensor | None, size: int) -> None:
-    """Every entry of an index tensor (anc, slots) names one of `size` rows."""
-    if index is not None and index.numel():
-        low, high = int(index.min()), int(index.max())
-        check(function, 0 <= low and high < size, f"{name} holds {low}..{high}; expected indices in [0, {size})")
+    """Every entry of an index tensor (anc, slots: int64, 1 or 2 dims, the last contiguous) names one of `size`
+    rows; checked in one pass in C (a torch reduction cost more than the step's other checks together)."""
+    if index is None or not index.numel():
+        return
+    rows, cols = (1, index.size(0)) if index.dim() == 1 else index.shape
+    stride = index.size(0) if index.dim() == 1 else index.stride(0)
+    if not library().nmt_indices_within(index.data_ptr(), rows, cols, stride, size):
+        low, high = (int(v) for v in torch.aminmax(index))
+        fail(function, f"{name} holds {low}..{high}; expected indices in [0, {size})")
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -121,11 +126,12 @@ def dequantize(
 ) -> torch.Tensor:
     """product (R, O) int32 -> (R, O) fp32 = product * row_scale (R, 1) * col_scale (O,) (+ bias (O,))."""
     rows, width = need("dequantize", "product", product, torch.int32, 2).shape
-    check(
-        "dequantize", need("dequantize", "row_scale", row_scale).numel() == rows, f"row_scale: expected {rows} values"
-    )
-    check("dequantize", need("dequantize", "col_scale", col_scale).numel() == width, f"col_scale: expected {width}")
-    check("dequantize", bias is None or need("dequantize", "bias", bias).numel() == width, f"bias: expected {width}")
+    if not (need("dequantize", "row_scale", row_scale).numel() == rows):
+        fail("dequantize", f"row_scale: expected {rows} values")
+    if not (need("dequantize", "col_scale", col_scale).numel() == width):
+        fail("dequantize", f"col_scale: expected {width}")
+    if not (bias is None or need("dequantize", "bias", bias).numel() == width):
+        fail("dequantize", f"bias: expected {width}")
     y = torch.empty((rows, width), dtype=torch.float32)
     library().dequantize(
         product.data_ptr(),
@@ -142,7 +148,8 @@ def dequantize(
 def unit_rows_pinned(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (R, I) fp32 -> (R + 1, I) rows divided by their largest |value|, then the pinned row; and the scales (R, 1)."""
     rows, width = need("unit_rows_pinned", "x", x, dims=2).shape
-    check("unit_rows_pinned", width >= 1, "x: expected at least one column")
+    if not (width >= 1):
+        fail("unit_rows_pinned", "x: expected at least one column")
     out = torch.empty((rows + 1, width), dtype=torch.float32)
     scale = torch.empty((rows, 1), dtype=torch.float32)
     library().unit_rows_pinned(x.data_ptr(), rows, width, out.data_ptr(), scale.data_ptr())
@@ -160,7 +167,8 @@ def self_attend(
     need(fn, "qkv", qkv, dims=2, contiguous=False)
     _cache_layout(fn, keys, values)
     rows, heads, dim = qkv.size(0), keys.size(1), keys.size(3)
-    check(fn, qkv.size(1) >= 3 * heads * dim, f"qkv: {qkv.size(1)} columns; expected [Q; K; V] of 3 x {heads * dim}")
+    if not (qkv.size(1) >= 3 * heads * dim):
+        fail(fn, f"qkv: {qkv.size(1)} columns; expected [Q; K; V] of 3 x {heads * dim}")
     _rows_of(fn, keys, rows, t, anc)
     out = torch.empty((rows, heads * dim), dtype=torch.float32)
     code = library().self_attend(
@@ -177,12 +185,10 @@ def _cache_layout(function: str, keys: torch.Tensor, values: torch.Tensor) -> No
     D apart (views of larger buffers are fine), keys and values alike."""
     need(function, "keys", keys, dims=4, contiguous=False)
     need(function, "values", values, dims=4, contiguous=False)
-    check(
-        function,
-        keys.shape == values.shape and keys.stride() == values.stride(),
-        f"keys {_shape(keys)} and values {_shape(values)}: expected the same shape and strides",
-    )
-    check(function, keys.size(2) <= 1 or keys.stride(2) == keys.size(3), f"keys {_shape(keys)}: positions not D apart")
+    if not (keys.shape == values.shape and keys.stride() == values.stride()):
+        fail(function, f"keys {_shape(keys)} and values {_shape(values)}: expected the same shape and strides")
+    if not (keys.size(2) <= 1 or keys.stride(2) == keys.size(3)):
+        fail(function, f"keys {_shape(keys)}: positions not D apart")
 
 
 def attend(
@@ -203,17 +209,17 @@ def attend(
     rows = need(fn, "q", q, dims=2, contiguous=False).size(0)
     need(fn, "keys", keys, dims=4, contiguous=False)
     need(fn, "values", values, dims=4, contiguous=False)
-    check(
-        fn,
-        keys.shape == values.shape and keys.stride() == values.stride(),
-        "keys and values: expected the same strides",
-    )
+    if not (keys.shape == values.shape and keys.stride() == values.stride()):
+        fail(fn, "keys and values: expected the same strides")
     kv_rows, heads, width, dim = keys.shape
     sentences = kv_rows if slots is None else need(fn, "slots", slots, torch.int64, 1).numel()
     _index_within(fn, "slots", slots, kv_rows)
-    check(fn, sentences >= 1 and rows % sentences == 0, f"{rows} query rows for {sentences} sentences")
-    check(fn, q.size(1) >= heads * dim, f"q: {q.size(1)} columns; expected {heads * dim}")
-    check(fn, need(fn, "bias", bias).numel() == sentences * width, f"bias: expected {sentences} x {width} values")
+    if not (sentences >= 1 and rows % sentences == 0):
+        fail(fn, f"{rows} query rows for {sentences} sentences")
+    if not (q.size(1) >= heads * dim):
+        fail(fn, f"q: {q.size(1)} columns; expected {heads * dim}")
+    if not (need(fn, "bias", bias).numel() == sentences * width):
+        fail(fn, f"bias: expected {sentences} x {width} values")
     out = torch.empty((rows, heads * dim), dtype=torch.float32)
     weights = torch.empty((rows, heads, width), dtype=torch.float32) if need_weights else None
     code = library().attend(
@@ -292,11 +298,12 @@ def fp32_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     rows, inner = need("fp32_linear", "x", x, dims=2).shape
     need("fp32_linear", "packed", packed, dims=3)
     width = packed.size(0) * 16
-    check(
-        "fp32_linear", packed.shape[1:] == (inner, 16), f"packed {tuple(packed.shape)}: expected (O' / 16, {inner}, 16)"
-    )
-    check("fp32_linear", bias is None or need("fp32_linear", "bias", bias).numel() == width, f"bias: expected {width}")
-    check("fp32_linear", out <= width, f"out={out}: the packed weights have {width} units")
+    if not (packed.shape[1:] == (inner, 16)):
+        fail("fp32_linear", f"packed {tuple(packed.shape)}: expected (O' / 16, {inner}, 16)")
+    if not (bias is None or need("fp32_linear", "bias", bias).numel() == width):
+        fail("fp32_linear", f"bias: expected {width}")
+    if not (out <= width):
+        fail("fp32_linear", f"out={out}: the packed weights have {width} units")
     y = torch.empty((rows, width), dtype=torch.float32)
     library().fp32_linear(
         x.data_ptr(), rows, inner, width, packed.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr()
@@ -316,14 +323,14 @@ def vnni_linear(
     fn = "vnni_linear"
     rows, inner = need(fn, "x", x, dims=2).shape
     out = need(fn, "colsum", colsum, torch.int32, 1).numel()
-    check(
-        fn,
-        need(fn, "packed", packed, torch.int8, 4).shape == (out // 16, inner // 4, 16, 4),
-        f"packed {tuple(packed.shape)}: expected ({out // 16}, {inner // 4}, 16, 4)",
-    )
-    check(fn, inner % 4 == 0 and out % 64 == 0, f"({inner}, {out}): expected inputs a multiple of 4, outputs of 64")
-    check(fn, need(fn, "col_scale", col_scale).numel() == out, f"col_scale: expected {out} values")
-    check(fn, bias is None or need(fn, "bias", bias).numel() == out, f"bias: expected {out} values")
+    if not (need(fn, "packed", packed, torch.int8, 4).shape == (out // 16, inner // 4, 16, 4)):
+        fail(fn, f"packed {tuple(packed.shape)}: expected ({out // 16}, {inner // 4}, 16, 4)")
+    if not (inner % 4 == 0 and out % 64 == 0):
+        fail(fn, f"({inner}, {out}): expected inputs a multiple of 4, outputs of 64")
+    if not (need(fn, "col_scale", col_scale).numel() == out):
+        fail(fn, f"col_scale: expected {out} values")
+    if not (bias is None or need(fn, "bias", bias).numel() == out):
+        fail(fn, f"bias: expected {out} values")
     y = torch.empty((rows, out), dtype=torch.float32)
     library().vnni_linear(
         x.data_ptr(), rows, inner, out, packed.data_ptr(), colsum.data_ptr(), col_scale.data_ptr(),
@@ -350,7 +357,8 @@ def layer_step(
     fn = "layer_step"
     struct = made[0]
     rows, dim = x.size(0), struct.dim
-    check(fn, need(fn, "x", x, dims=3).shape[1:] == (1, dim), f"x {tuple(x.shape)}: expected ({rows}, 1, {dim})")
+    if not (need(fn, "x", x, dims=3).shape[1:] == (1, dim)):
+        fail(fn, f"x {tuple(x.shape)}: expected ({rows}, 1, {dim})")
     _step_caches(fn, struct, rows, [keys, values], t, anc)
     _cross(fn, struct, rows, [cross_k, cross_v], cross_bias, cross_slots)
     sentences, heads, width, _ = cross_k.shape
@@ -396,16 +404,20 @@ def decoder_step(
     eps) or None. None where this build has no int8 kernel."""
     fn = "decoder_step"
     rows, n = need(fn, "tokens", tokens, torch.int64, 1).numel(), len(made)
-    check(fn, n >= 1 and len({type(m[0]) for m in made}) == 1, "made: expected the layers all int8 or all fp32")
+    if not (n >= 1 and len({type(m[0]) for m in made}) == 1):
+        fail(fn, "made: expected the layers all int8 or all fp32")
     first = made[0][0]
     dim, heads = first.dim, first.heads
-    check(fn, len(caches) == 2 * n and len(cross) == 2 * n, f"expected {2 * n} caches and cross tensors for {n} layers")
+    if not (len(caches) == 2 * n and len(cross) == 2 * n):
+        fail(fn, f"expected {2 * n} caches and cross tensors for {n} layers")
     _step_caches(fn, first, rows, caches, t, anc, needed=True)
     _cross(fn, first, rows, cross, cross_bias, cross_slots, needed=True)
     _embedding(fn, first, embed, pe, 1)
     width = cross[0].size(2)
-    check(fn, 0 <= src_width <= width, f"src_width={src_width}: the cross keys hold {width} positions")
-    check(fn, norm is None or _norm(fn, norm, dim), "norm")
+    if not (0 <= src_width <= width):
+        fail(fn, f"src_width={src_width}: the cross keys hold {width} positions")
+    if not (norm is None or _norm(fn, norm, dim)):
+        fail(fn, "norm")
     ffn = max(m[0].ffn_in.out for m in made)
     x = torch.empty((rows, dim), dtype=torch.float32)
     scratch = torch.empty(rows * (3 * dim + max(3 * dim, ffn)) + rows * heads * width, dtype=torch.float32)
@@ -443,12 +455,15 @@ def encoder_forward(
     or None. None where this build has no int8 kernel."""
     fn = "encoder_forward"
     sentences, length = need(fn, "src", src, torch.int64, 2).shape
-    check(fn, len(made) >= 1 and len({type(m[0]) for m in made}) == 1, "made: expected the layers all int8 or all fp32")
+    if not (len(made) >= 1 and len({type(m[0]) for m in made}) == 1):
+        fail(fn, "made: expected the layers all int8 or all fp32")
     first = made[0][0]
     dim, rows = first.dim, sentences * length
     _embedding(fn, first, embed, pe, length)
-    check(fn, need(fn, "bias", bias).numel() == rows, f"bias: expected {sentences} x {length} values")
-    check(fn, norm is None or _norm(fn, norm, dim), "norm")
+    if not (need(fn, "bias", bias).numel() == rows):
+        fail(fn, f"bias: expected {sentences} x {length} values")
+    if not (norm is None or _norm(fn, norm, dim)):
+        fail(fn, "norm")
     ffn = max(m[0].ffn_in.out for m in made)
     x = torch.empty((sentences, length, dim), dtype=torch.float32)
     scratch = torch.empty(rows * (3 * dim + max(3 * dim, ffn)), dtype=torch.float32)
@@ -470,28 +485,28 @@ def _step_caches(
     the first one's strides (the kernels take one set), and anc (R, >= t + 1) int64 indexing their slots."""
     for i in range(0, len(caches), 2):
         _cache_layout(fn, caches[i], caches[i + 1])
-        check(fn, caches[i].stride() == caches[0].stride() and caches[i].shape == caches[0].shape, "caches: one layout")
+        if not (caches[i].stride() == caches[0].stride() and caches[i].shape == caches[0].shape):
+            fail(fn, "caches: one layout")
     keys = caches[0]
-    check(
-        fn,
-        keys.shape[1] == struct.heads and keys.shape[3] == struct.head_dim,
-        f"caches {tuple(keys.shape)}: expected {struct.heads} heads of {struct.head_dim}",
-    )
-    check(fn, anc is not None or not needed, "anc: expected the rows' ancestors")
+    if not (keys.shape[1] == struct.heads and keys.shape[3] == struct.head_dim):
+        fail(fn, f"caches {tuple(keys.shape)}: expected {struct.heads} heads of {struct.head_dim}")
+    if not (anc is not None or not needed):
+        fail(fn, "anc: expected the rows' ancestors")
     _rows_of(fn, keys, rows, t, anc)
 
 
 def _rows_of(fn: str, keys: torch.Tensor, rows: int, t: int, anc: torch.Tensor | None) -> None:
     """Position t within the caches, and each of `rows` rows' slots: its own (slot r, without anc) or those anc
     (R, >= t + 1) int64 names for positions 0..t."""
-    check(fn, 0 <= t < keys.size(2), f"t={t}: the caches hold {keys.size(2)} positions")
+    if not (0 <= t < keys.size(2)):
+        fail(fn, f"t={t}: the caches hold {keys.size(2)} positions")
     if anc is None:
-        check(fn, keys.size(0) >= rows, f"the caches have {keys.size(0)} slots for {rows} rows")
+        if not (keys.size(0) >= rows):
+            fail(fn, f"the caches have {keys.size(0)} slots for {rows} rows")
     else:
         need(fn, "anc", anc, torch.int64, 2, contiguous=False)
-        check(
-            fn, anc.size(0) == rows and anc.size(1) >= t + 1, f"anc {tuple(anc.shape)}: expected ({rows}, >= {t + 1})"
-        )
+        if not (anc.size(0) == rows and anc.size(1) >= t + 1):
+            fail(fn, f"anc {tuple(anc.shape)}: expected ({rows}, >= {t + 1})")
         _index_within(fn, "anc", anc[:, : t + 1], keys.size(0))
 
 
@@ -508,28 +523,27 @@ def _cross(
     slots (B,) int64 indexing B'."""
     for i, c in enumerate(cross):
         need(fn, f"cross[{i}]", c, dims=4)
-        check(fn, c.shape == cross[0].shape, f"cross[{i}] {tuple(c.shape)}: expected {tuple(cross[0].shape)}")
+        if not (c.shape == cross[0].shape):
+            fail(fn, f"cross[{i}] {tuple(c.shape)}: expected {tuple(cross[0].shape)}")
     kv_rows, heads, width, dim = cross[0].shape
-    check(fn, (heads, dim) == (struct.heads, struct.head_dim), f"cross keys {tuple(cross[0].shape)}: heads or size")
-    check(fn, slots is not None or not needed, "slots: expected the sentences' cross-attention slots")
+    if not ((heads, dim) == (struct.heads, struct.head_dim)):
+        fail(fn, f"cross keys {tuple(cross[0].shape)}: heads or size")
+    if not (slots is not None or not needed):
+        fail(fn, "slots: expected the sentences' cross-attention slots")
     sentences = kv_rows if slots is None else need(fn, "slots", slots, torch.int64, 1).numel()
     _index_within(fn, "slots", slots, kv_rows)
-    check(fn, sentences >= 1 and rows % sentences == 0, f"{rows} rows for {sentences} sentences")
-    check(fn, need(fn, "cross_bias", bias).numel() == sentences * width, f"cross_bias: expected {sentences} x {width}")
+    if not (sentences >= 1 and rows % sentences == 0):
+        fail(fn, f"{rows} rows for {sentences} sentences")
+    if not (need(fn, "cross_bias", bias).numel() == sentences * width):
+        fail(fn, f"cross_bias: expected {sentences} x {width}")
 
 
 def _embedding(fn: str, struct, embed: torch.Tensor, pe: torch.Tensor, positions: int) -> None:
     """embed (V, H) and pe (positions, H) or (H,), contiguous float32."""
-    check(
-        fn,
-        need(fn, "embed", embed, dims=2).size(1) == struct.dim,
-        f"embed {tuple(embed.shape)}: expected H={struct.dim}",
-    )
-    check(
-        fn,
-        need(fn, "pe", pe).numel() == positions * struct.dim,
-        f"pe {tuple(pe.shape)}: expected {positions} x {struct.dim}",
-    )
+    if not (need(fn, "embed", embed, dims=2).size(1) == struct.dim):
+        fail(fn, f"embed {tuple(embed.shape)}: expected H={struct.dim}")
+    if not (need(fn, "pe", pe).numel() == positions * struct.dim):
+        fail(fn, f"pe {tuple(pe.shape)}: expected {positions} x {struct.dim}")
 
 
 def _norm(fn: str, norm: tuple, dim: int) -> bool:
@@ -539,7 +553,8 @@ def _norm(fn: str, norm: tuple, dim: int) -> bool:
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
     """x (R, V) fp32 contiguous -> (R,) int64: x.argmax(1) in one pass per row (rows without NaN)."""
     rows, width = need("row_argmax", "x", x, dims=2).shape
-    check("row_argmax", width >= 1, "x: expected at least one column")
+    if not (width >= 1):
+        fail("row_argmax", "x: expected at least one column")
     out = torch.empty(rows, dtype=torch.int64)
     library().row_argmax(x.data_ptr(), rows, width, out.data_ptr())
     return out
@@ -550,7 +565,8 @@ def log_softmax_topk(x: torch.Tensor, k: int, banned: list[int]) -> tuple[torch.
     (R, k): log_softmax(x).topk(k) with `banned` at -inf, without the (R, V) log-softmax (k <= 64, and at
     least k tokens outside `banned`)."""
     rows, width = need("log_softmax_topk", "x", x, dims=2).shape
-    check("log_softmax_topk", 1 <= k <= min(TOPK_MAX, width), f"k={k}: expected 1 to {min(TOPK_MAX, width)}")
+    if not (1 <= k <= min(TOPK_MAX, width)):
+        fail("log_softmax_topk", f"k={k}: expected 1 to {min(TOPK_MAX, width)}")
     values = torch.empty((rows, k), dtype=torch.float32)
     index = torch.empty((rows, k), dtype=torch.int64)
     ban = torch.tensor(banned, dtype=torch.int64)

@@ -1015,3 +1015,12 @@ int64_t nmt_layout(int64_t *out, int64_t n) {
     for (int64_t i = 0; i < count && i < n; ++i) out[i] = layout[i];
     return count;
 }
+
+/* Whether every entry of x (rows, cols; rows `stride` apart) lies in [0, size): the wrappers' check of an index
+   tensor (a row's ancestors, a sentence's cross-attention slot) before a kernel reads memory by it. */
+int nmt_indices_within(const int64_t *x, int64_t rows, int64_t cols, int64_t stride, int64_t size) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+            if (x[r * stride + c] < 0 || x[r * stride + c] >= size) return 0;
+    return 1;
+}

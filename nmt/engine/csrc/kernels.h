@@ -96,5 +96,6 @@ void dequantize(const int32_t *p, int64_t rows, int64_t width, const float *row_
                 const float *bias, float *y);
 void unit_rows_pinned(const float *x, int64_t rows, int64_t width, float *out, float *scale);
 int64_t nmt_layout(int64_t *out, int64_t n);
+int nmt_indices_within(const int64_t *x, int64_t rows, int64_t cols, int64_t stride, int64_t size);
 
 #endif /* NMT_KERNELS_H */
