@@ -17,9 +17,12 @@ projection by sqrt(head dim), which undoes their built-in 1/sqrt(head dim).
 The tokenizer is Transformers' MarianTokenizer over our SentencePiece model (source.spm and target.spm, the same
 joint model) with vocab.json mapping each piece to our id: it appends </s> to the source as we do. The generation
 config starts the decoder from <s> (our BOS), stops at </s>, never emits <pad> or <s> (as our search never does),
-and carries the run's beam; its length_penalty is 0 when the run's decode.alpha is 0, the one value where
-Transformers' beam search (score / length ** length_penalty) ranks as ours (GNMT's ((5 + length) / 6) ** alpha)
-does; otherwise alpha is recorded in nmt_export.json and the penalty left at 0 (see docs/export.md).
+and carries the run's beam with length_penalty 0: Transformers' own beam search ranks by score / length **
+length_penalty, which ranks as ours (GNMT's ((5 + length) / 6) ** alpha) only at alpha 0. Our search itself goes
+with the export as custom_generate/generate.py (nmt/export/hf_generate.py, torch and transformers only), with the
+run's decode.alpha, max_len_a, max_len_b and min_len in the generation config (nmt_alpha, ...):
+`model.generate(**batch, custom_generate=DIR, trust_remote_code=True)` gives our greedy and beam search's outputs at
+any alpha. README.md in the folder says how to call it and when outputs equal ours (nmt/export/hf_card.py).
 
 Refused with one line: RNNs, ensembles, separate source and target vocabularies, learned-position or other
 architectures.
@@ -37,6 +40,7 @@ from nmt.config import Config
 from nmt.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
 from nmt.errors import NmtError
 from nmt.export import export_target, staged
+from nmt.export.hf_card import EQUAL_OUTPUTS, model_card
 from nmt.models.seq2seq import Seq2Seq
 from nmt.models.transformer import sinusoidal_positions
 
@@ -184,7 +188,7 @@ def export_hf(model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, out: str, max_p
         for name, value in state.items():
             expected[name].copy_(value.to(expected[name].dtype))
     hf_model.eval()
-    decode = cfg.decode
+    decode, arch = cfg.decode, "pegasus" if pre else "marian"
     beam = {"num_beams": decode.beam, "length_penalty": 0.0, "early_stopping": True} if decode.beam > 1 else {}
     hf_model.generation_config = transformers.GenerationConfig(
         decoder_start_token_id=BOS,
@@ -194,14 +198,22 @@ def export_hf(model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, out: str, max_p
         suppress_tokens=[PAD, BOS],
         max_length=max_positions,
         **beam,
+        # read by custom_generate/generate.py only (our search), as the defaults of its alpha, max_len_a, ...
+        nmt_alpha=decode.alpha,
+        nmt_max_len_a=decode.max_len_a,
+        nmt_max_len_b=decode.max_len_b,
+        nmt_min_len=decode.min_len,
     )
     with staged(target, out) as tmp:
         tmp.mkdir()
         hf_model.save_pretrained(str(tmp))
         _write_tokenizer(tokenizer, tmp, max_positions)
+        (tmp / "custom_generate").mkdir()
+        (tmp / "custom_generate" / "generate.py").write_bytes((Path(__file__).parent / "hf_generate.py").read_bytes())
+        (tmp / "README.md").write_text(model_card(target.name, source, arch, decode, max_positions), encoding="utf-8")
         notes = {
             "from": source,
-            "architecture": "pegasus" if pre else "marian",
+            "architecture": arch,
             "why": "pre-norm with final layer norms" if pre else "post-norm, no final layer norms",
             "max_positions": max_positions,
             "decode": {
@@ -210,9 +222,12 @@ def export_hf(model: Seq2Seq, cfg: Config, tokenizer: Tokenizer, out: str, max_p
                     "alpha": decode.alpha,
                     "max_len_a": decode.max_len_a,
                     "max_len_b": decode.max_len_b,
+                    "min_len": decode.min_len,
                 },
                 "transformers": {"num_beams": decode.beam, "length_penalty": 0.0, "suppress_tokens": [PAD, BOS]},
                 "same_ranking": decode.alpha == 0,
+                "nmt_search": "model.generate(**batch, custom_generate=DIR, trust_remote_code=True)",
+                "equal_outputs": EQUAL_OUTPUTS,
             },
         }
         (tmp / "nmt_export.json").write_text(json.dumps(notes, indent=1) + "\n", encoding="utf-8")
