@@ -4,6 +4,8 @@
     model = nmt.load("runs/m30k_transformer")              # a run dir or a checkpoint file; device, precision
     model.translate(["A man rides a bike."], beam=5)        # -> ["Ein Mann fährt Fahrrad."]
     model.translate(lines, beam=5, nbest=3, return_attention=True)   # -> [Result, ...]
+    for event in model.stream("A man rides a bike.", beam=5):  # the output after every decoding step
+        print(event.text, event.final)
     model.translate_file("in.txt", "out.txt", batch_size=64)
     nmt.score(hypotheses, references)                       # sacrebleu BLEU, chrF, chrF++, TER with signatures
     nmt.train(["experiment=quickstart", "run_dir=runs/q"])  # -> TrainResult(run_dir, results)
@@ -16,10 +18,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +36,9 @@ from nmt.models.ensemble import Ensemble
 from nmt.models.seq2seq import Seq2Seq
 from nmt.runtime import resolve_device
 from nmt.translation import Translation, Translator, unscored
+
+if TYPE_CHECKING:
+    from nmt.streaming import StreamEvent
 
 PathLike = str | os.PathLike
 
@@ -288,6 +293,40 @@ class Model:
         maps = [h.attention.float().numpy() for h in translation.hyps] if attention else None
         links = [aligner.links(translation, k) for k in range(len(translation.hyps))] if aligner else None
         return Result(line, texts, [float(h.norm_score) for h in translation.hyps], pieces, source, maps, links)
+
+    def stream(
+        self,
+        text: str,
+        *,
+        beam: int | None = None,
+        prefix: str | None = None,
+        attention: bool = False,
+        finished_only: bool = False,
+        nbest: int | None = None,
+        constraints: Sequence[str] | None = None,
+        avoid: Sequence[str] | None = None,
+        **decode: Any,
+    ) -> Iterator[StreamEvent]:
+        """Translate one line as it is decoded: a `StreamEvent` after every decoding step (the tokens and text so
+        far; for beam search the top of the beam, or with finished_only=True the best finished hypothesis when it
+        changes; the step's attention row when `attention`), then a final event (final=True) whose text is what
+        `translate(text, ...)` returns with the same settings. nbest > 1, constraints and avoid do not stream:
+        refused with `nmt.streaming.NotStreamable` (a ValueError). See nmt.streaming."""
+        from nmt.streaming import blank_event, check_streamable, events
+
+        if not isinstance(text, str):
+            raise NmtError(f"text: expected one string (Model.stream translates one line), got {type(text).__name__}")
+        if prefix is not None and not isinstance(prefix, str):
+            raise NmtError(f"prefix: expected a string or None, got {type(prefix).__name__}")
+        settings = self.settings(beam=beam, nbest=nbest, **decode)
+        check_streamable(settings, constraints, avoid, prefix)
+        translator = self._translator(settings)
+        line = " ".join(text.split())
+        if not line:
+            return iter([blank_event(attention)])
+        src_ids = translator.encode([line])[0]
+        prefix_ids = translator.encode_prefixes([prefix])[0] if prefix else []
+        return events(translator, src_ids, prefix_ids or None, attention, finished_only)
 
     def translate_file(
         self, src: PathLike, out: PathLike, *, batch_size: int = 64, beam: int | None = None, **decode: Any

@@ -20,13 +20,18 @@ included); `repetition_penalty` p != 1 divides the logits of tokens already in t
 positive and multiplies them by p where negative (Keskar et al. 2019). With either, scores are those of the
 adjusted distribution.
 
+Every search is also a generator of its steps (`greedy_steps`, `sample_steps`, `beam_steps`): it yields a
+`Progress` after each decoding step and returns the hypotheses; `greedy_search` and the others run it to the end
+(`drain`), so a streamed translation (nmt.streaming) is the same search as a translated one.
+
 Shape legend: B batch, S source length, T output steps so far, V vocab, K beam, N samples per sentence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -203,16 +208,41 @@ def with_prefix(hyps: list[Hypothesis], pre: Prefilled, b: int, alpha: float) ->
     return out
 
 
+@dataclass
+class Progress:
+    """A search after its decoding step t (the prefix's steps not counted), as its steps generator yields it. The
+    tensors are the search's own, read before the next step: one path (greedy, sampling) writes step t of `tokens`
+    (B + 1, T) and `attention` (B + 1, T, S), by original row; beam search's step is in `beams`."""
+
+    t: int
+    pre: Prefilled | None
+    tokens: torch.Tensor | None = None
+    attention: torch.Tensor | None = None
+    beams: _Beams | None = None
+
+
+Found = TypeVar("Found")
+
+
+def drain(steps: Generator[Progress, None, Found]) -> Found:
+    """Run a search's steps to the end; what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 # --- one path per row: greedy and sampling -----------------------------------------------------
 
 Chooser = Callable[[torch.Tensor], torch.Tensor]  # log-probs (B, V) -> next tokens (B,)
 
 
-compact_share = 0.1  # _one_path: ended rows leave the batch once they are this share of its rows (0: at once)
+compact_share = 0.1  # _one_path_steps: ended rows leave the batch once they are this share of its rows (0: at once)
 
 
 @torch.inference_mode()
-def _one_path(
+def _one_path_steps(
     model: Seq2Seq,
     src: torch.Tensor,
     src_mask: torch.Tensor,
@@ -223,7 +253,7 @@ def _one_path(
     prefix: torch.Tensor | None = None,
     repetition: Repetition = NO_REPETITION,
     scores_needed: bool = True,
-) -> list[Hypothesis]:
+) -> Generator[Progress, None, list[Hypothesis]]:
     """Follow one token per step in every row (`choose`; None: the most probable); a row leaves the batch when it
     emits EOS or hits max_len. scores_needed=False: the most probable token's log-probability is not computed
     where only it is needed (`greedy_choice`), and the hypotheses' scores are NaN."""
@@ -269,6 +299,7 @@ def _one_path(
         out[active, t], attn_out[active, t] = prev, attn.float()
         if gained is not None:
             scores[active] += gained
+        yield Progress(t, pre, out, attn_out)
         live = (prev != EOS) & (limit[active] > t + 1)
         if not bool(live.all()):
             lengths[active[~live]] = t + 1  # (the sink's length is never read)
@@ -308,8 +339,23 @@ def greedy_search(
     scores: bool = True,
 ) -> list[Hypothesis]:
     """The most probable token at each step; one hypothesis per sentence (alpha only sets norm_score).
-    scores=False: the hypotheses' scores are NaN, and not computed (see `_one_path`)."""
-    return _one_path(model, src, src_mask, max_len, None, min_len, alpha, prefix, repetition, scores)
+    scores=False: the hypotheses' scores are NaN, and not computed (see `_one_path_steps`)."""
+    return drain(greedy_steps(model, src, src_mask, max_len, min_len, alpha, prefix, repetition, scores))
+
+
+def greedy_steps(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: torch.Tensor,
+    min_len: int = 0,
+    alpha: float = 0.0,
+    prefix: torch.Tensor | None = None,
+    repetition: Repetition = NO_REPETITION,
+    scores: bool = True,
+) -> Generator[Progress, None, list[Hypothesis]]:
+    """`greedy_search` one step at a time."""
+    return _one_path_steps(model, src, src_mask, max_len, None, min_len, alpha, prefix, repetition, scores)
 
 
 def filter_logits(logp: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -341,13 +387,35 @@ def sample_search(
     repetition: Repetition = NO_REPETITION,
 ) -> list[list[Hypothesis]]:
     """n samples per sentence, best normalised score first; scores are the model's own log-probabilities."""
+    return drain(
+        sample_steps(model, src, src_mask, max_len, n, temperature, top_k, top_p, generator, min_len, alpha, repetition)
+    )
+
+
+def sample_steps(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: torch.Tensor,
+    n: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    min_len: int = 0,
+    alpha: float = 0.0,
+    repetition: Repetition = NO_REPETITION,
+) -> Generator[Progress, None, list[list[Hypothesis]]]:
+    """`sample_search` one step at a time; its rows are sentence-major, n per sentence (B*N)."""
 
     def draw(logp: torch.Tensor) -> torch.Tensor:
         probs = filter_logits(logp, temperature, top_k, top_p).softmax(-1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     tile = torch.arange(src.size(0), device=src.device).repeat_interleave(n)  # (B*N,)
-    hyps = _one_path(model, src[tile], src_mask[tile], max_len[tile], draw, min_len, alpha, repetition=repetition)
+    hyps = yield from _one_path_steps(
+        model, src[tile], src_mask[tile], max_len[tile], draw, min_len, alpha, repetition=repetition
+    )
     return [sorted(hyps[b * n : (b + 1) * n], key=lambda h: -h.norm_score) for b in range(src.size(0))]
 
 
@@ -526,7 +594,6 @@ class _Beams:
         return hyps
 
 
-@torch.inference_mode()
 def beam_search(
     model: Seq2Seq,
     src: torch.Tensor,
@@ -548,6 +615,23 @@ def beam_search(
     encoder output. beam_search(k=1) equals greedy_search. With repetition control each row's output so far
     is kept too (reordered like the state); without, nothing is.
     """
+    return drain(beam_steps(model, src, src_mask, max_len, k, alpha, min_len, nbest, prefix, repetition))
+
+
+@torch.inference_mode()
+def beam_steps(
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: torch.Tensor,
+    k: int,
+    alpha: float = 0.0,
+    min_len: int = 0,
+    nbest: int = 1,
+    prefix: torch.Tensor | None = None,
+    repetition: Repetition = NO_REPETITION,
+) -> Generator[Progress, None, list[list[Hypothesis]]]:
+    """`beam_search` one step at a time: each Progress holds the beams just advanced by step t."""
     enc = model.encode(src, src_mask)
     state, pre = start(model, enc, model.init_state(enc), prefix, min_len, repetition)
     offset = pre.length if pre else 0
@@ -568,6 +652,7 @@ def beam_search(
             if logp is None:
                 logp = scores_of(logits, t + offset, min_len, history, repetition)
             rows, enc_rows, prev = beams.advance(logp, attn, t)
+        yield Progress(t, pre, beams=beams)
         if rows.numel() == 0:
             break
         state = reorder(state, rows)

@@ -7,7 +7,7 @@ source longer than decode.max_src_len subword tokens is cut to that length, with
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +19,7 @@ from nmt.data.batching import make_batch
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.models.seq2seq import Seq2Seq
-from nmt.search import Hypothesis, Repetition, beam_search, greedy_search, max_lengths, sample_search
+from nmt.search import Hypothesis, Progress, Repetition, beam_steps, drain, greedy_steps, max_lengths, sample_steps
 
 
 @dataclass
@@ -126,8 +126,18 @@ class Translator:
         sentence's target prefix, all of one length (`batches` groups them so); every output starts with it.
         constraints / avoid: per sentence, target phrases (ids) its output must contain / must not contain
         (nmt.constraints: lexically constrained beam search)."""
+        model, vocab, prefix_ids, constraints, avoid = self.search_model(src_ids, prefix_ids, constraints, avoid)
+        found = self._search(model, src_ids, prefix_ids, constraints, avoid)
+        if vocab is None:
+            return found
+        return [[replace(h, tokens=[vocab[t] for t in h.tokens]) for h in hyps] for hyps in found]
+
+    def search_model(self, src_ids, prefix_ids=None, constraints=None, avoid=None):
+        """The model a batch is searched with, and the ids it reads and writes: without a shortlist, the model and
+        the arguments as they are (vocab None); with one, the model scoring only the batch's candidate tokens,
+        `vocab` (its local ids' global ids), and the prefixes and phrases in local ids."""
         if self.shortlist is None:
-            return self._search(self.model, src_ids, prefix_ids, constraints, avoid)
+            return self.model, None, prefix_ids, constraints, avoid
         from nmt.engine.shortlist import Shortlisted, local_ids
 
         phrases = [p for group in (constraints or []) + (avoid or []) for p in group]
@@ -138,15 +148,13 @@ class Translator:
         )
         prefixes = [local_ids(vocab, p) for p in prefix_ids] if prefix_ids else prefix_ids
         model = Shortlisted(self.model, torch.tensor(vocab, dtype=torch.long, device=self.device))
-        found = self._search(model, src_ids, prefixes, local(constraints), local(avoid))
-        return [[replace(h, tokens=[vocab[t] for t in h.tokens]) for h in hyps] for hyps in found]
+        return model, vocab, prefixes, local(constraints), local(avoid)
 
     def _search(self, model, src_ids, prefix_ids, constraints, avoid) -> list[list[Hypothesis]]:
-        d = self.decode
-        batch = make_batch(src_ids).to(self.device)
-        src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
-        rep = repetition(d)
         if (constraints and any(constraints)) or (avoid and any(avoid)):
+            d = self.decode
+            batch = make_batch(src_ids).to(self.device)
+            src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
             if d.sampling:
                 raise NmtError(
                     "constraints with decode.sampling=true: constraints are for greedy and beam search (drop "
@@ -167,8 +175,19 @@ class Translator:
                 d.min_len,
                 d.nbest,
                 [list(p) for p in prefix_ids] if prefix_ids is not None else None,
-                rep,
+                repetition(d),
             )
+        return drain(self.steps(model, src_ids, prefix_ids))
+
+    def steps(
+        self, model, src_ids: list[list[int]], prefix_ids: list[list[int]] | None = None
+    ) -> Generator[Progress, None, list[list[Hypothesis]]]:
+        """The search of one batch (by `model`, from `search_model`) one decoding step at a time: greedy, beam or
+        sampling as decode.* says; yields the search's Progress after each step and returns what `search` does."""
+        d = self.decode
+        batch = make_batch(src_ids).to(self.device)
+        src, mask, max_len = batch.src, batch.src_mask, max_lengths(batch.src_mask, d.max_len_a, d.max_len_b)
+        rep = repetition(d)
         prefix = None
         if prefix_ids is not None and any(prefix_ids):
             if len({len(p) for p in prefix_ids}) != 1:
@@ -177,24 +196,13 @@ class Translator:
         if d.sampling:
             if prefix is not None:
                 raise NmtError("a target prefix with decode.sampling=true: prefixes are for greedy and beam search")
-            return sample_search(
-                model,
-                src,
-                mask,
-                max_len,
-                d.nbest,
-                d.temperature,
-                d.top_k,
-                d.top_p,
-                self.generator,
-                d.min_len,
-                d.alpha,
-                rep,
-            )
+            sampling = (d.nbest, d.temperature, d.top_k, d.top_p, self.generator, d.min_len, d.alpha, rep)
+            return (yield from sample_steps(model, src, mask, max_len, *sampling))
         if d.beam == 1:
-            found = greedy_search(model, src, mask, max_len, d.min_len, d.alpha, prefix, rep, d.scores is not False)
+            scores = d.scores is not False
+            found = yield from greedy_steps(model, src, mask, max_len, d.min_len, d.alpha, prefix, rep, scores)
             return [[h] for h in found]
-        return beam_search(model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest, prefix, rep)
+        return (yield from beam_steps(model, src, mask, max_len, d.beam, d.alpha, d.min_len, d.nbest, prefix, rep))
 
     def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
         """Source ids per line, cut to decode.max_src_len with a warning naming the line

@@ -48,15 +48,7 @@ from nmt.config import DecodeConfig  # noqa: E402
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     """nmt-serve on a free loopback port; (the process, its base URL)."""
-    command = [
-        sys.executable,
-        "-m",
-        "nmt.cli.serve",
-        f"checkpoint={args.checkpoint}",
-        "host=127.0.0.1",
-        "port=0",
-        f"threads={args.threads}",
-        "serve.access_log=false",
+    options = [
         f"serve.max_wait_ms={args.max_wait_ms}",
         f"serve.max_lines={max(args.max_lines, args.heavy_lines)}",
         f"serve.max_chars={200000}",
@@ -64,7 +56,24 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         f"serve.max_requests={max(256, 2 * max(args.levels))}",
         f"decode.beam={args.beam}",
     ]
-    env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+    return launch(args.checkpoint, args.threads, options)
+
+
+def launch(checkpoint: str, threads: int, options: list[str]) -> tuple[subprocess.Popen, str]:
+    """nmt-serve of `checkpoint` with `threads` threads and the given overrides on a free loopback port, its
+    output echoed; (the process, its base URL). Exits with one line when it does not start within 300 s."""
+    command = [
+        sys.executable,
+        "-m",
+        "nmt.cli.serve",
+        f"checkpoint={checkpoint}",
+        "host=127.0.0.1",
+        "port=0",
+        f"threads={threads}",
+        "serve.access_log=false",
+        *options,
+    ]
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, env=env, cwd=ROOT)
     deadline = time.monotonic() + 300
     for line in server.stdout:

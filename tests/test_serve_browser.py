@@ -98,3 +98,52 @@ def test_page_translates_and_hover_highlights_attended_tokens(server, toy_dir, t
             assert "beam=99" in page.inner_text("#error")
         finally:
             browser.close()
+
+
+WATCH = """() => {
+  window.seen = [];
+  new MutationObserver(() => window.seen.push({
+    live: document.querySelectorAll("table.heat.live tbody tr").length,
+    done: document.querySelectorAll(".panel:not(.live)").length,
+  })).observe(document.getElementById("results"), { childList: true, subtree: true, characterData: true });
+}"""
+
+
+def test_page_draws_the_heat_map_row_by_row_as_the_stream_comes(tmp_path_factory, toy_dir, monkeypatch):
+    """Each decoding step slowed (as tests/test_serve_hostile.py does): the page's live heat map gains rows one by one
+    before the final panel replaces it; with the stream route failing, the page falls back to the plain call."""
+    import time
+
+    from nmt.serve import lanes
+
+    real = lanes.Stoppable.step
+    monkeypatch.setattr(lanes.Stoppable, "step", lambda self, *a, **k: time.sleep(0.04) or real(self, *a, **k))
+    runs = trained_pair(tmp_path_factory, toy_dir)
+    models = [load_model("a", runs["a"], DECODE, torch.device("cpu"))]
+    sentence = " ".join((toy_dir / "test.src").read_text().splitlines()[:2])
+    with serving(models, ServeSettings(access_log=False)) as (base, _), sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page()
+            page.goto(base + "/")
+            page.wait_for_selector("#model option", state="attached")
+            page.evaluate(WATCH)
+            page.fill("#text", sentence)
+            page.click("#go")
+            page.wait_for_selector(".panel:not(.live) td.cell")
+            page.wait_for_selector("#go:not([disabled])")
+            before_final = [s["live"] for s in page.evaluate("window.seen") if s["done"] == 0]
+            assert max(before_final) >= 3 and len(set(before_final)) >= 3, before_final  # rows came one by one
+            with httpx_client(base) as client:
+                expected = translate(client, {"text": [sentence]})["translations"][0]["text"]
+            assert page.inner_text(".panel .translation") == expected
+            assert page.locator("table.heat.live").count() == 0  # the final panel replaced the live one
+
+            page.route("**/v1/translate/stream", lambda route: route.abort())
+            page.evaluate("document.getElementById('results').replaceChildren()")
+            page.click("#go")
+            page.wait_for_selector(".panel td.cell")
+            page.wait_for_selector("#go:not([disabled])")
+            assert page.inner_text(".panel .translation") == expected and page.locator("#error").is_hidden()
+        finally:
+            browser.close()

@@ -5,9 +5,11 @@ deadline" and "an overloaded server" happen in seconds with the tiny toy models.
 the expected code (never a reset, a plain-text 500 or an exception's text), a long request never holds short ones,
 deadlines and disconnects stop the work, overload gets 503 + Retry-After, foreign Host headers are refused, the
 security headers are sent, /metrics counts, shutdown lets in-flight requests finish, and serve.workers=2 gives the
-same translations as one process and survives a killed search process.
+same translations as one process and survives a killed search process. Streams (/v1/translate/stream) meet the same
+hostile bodies here; their disconnects, deadlines and slow readers are tested in tests/test_serve_stream.py.
 """
 
+import itertools
 import json
 import os
 import signal
@@ -129,11 +131,11 @@ def test_hostile_bodies_get_json_errors_and_the_server_goes_on(models, lines):
             (b"", 400, None),
             (b"null", 400, None),
         ]
-        for body, status, field in cases:
+        for route, (body, status, field) in itertools.product(("/v1/translate", "/v1/translate/stream"), cases):
             response = httpx.post(
-                f"{base}/v1/translate", content=body, headers={"content-type": "application/json"}, timeout=30
+                f"{base}{route}", content=body, headers={"content-type": "application/json"}, timeout=30
             )
-            is_json_error(response, status, field)
+            is_json_error(response, status, field)  # a stream's too: checked before it starts
         form = httpx.post(f"{base}/v1/translate", content=b"text=hello", timeout=30)  # what a cross-site form sends
         assert "content-type" in is_json_error(form, 415, "content-type")["error"]
         plain = httpx.post(
@@ -155,6 +157,8 @@ def test_hostile_bodies_get_json_errors_and_the_server_goes_on(models, lines):
         assert answer.startswith(b"HTTP/1.1 413")
         good = post(base, {"text": lines["short"][:2]})
         assert good.status_code == 200 and len(good.json()["translations"]) == 2
+        streamed = httpx.post(f"{base}/v1/translate/stream", json={"text": lines["short"][:2]}, timeout=30)
+        assert streamed.status_code == 200 and streamed.text.count('"final":true') == 2
         assert httpx.get(f"{base}/health", timeout=10).json()["status"] == "ok"
 
 

@@ -21,6 +21,7 @@ usage: nmt-serve checkpoint=PATH [compare=PATH] [host=127.0.0.1] [port=8000] [de
 
 Load the model(s) once and serve, until Ctrl-C:
   POST /v1/translate  {"text": ["...", ...], "beam": 5, "nbest": 1, "attention": false, "model": "a"}
+  POST /v1/translate/stream  the same body; Server-Sent Events: each line's output after every decoding step
   GET  /v1/models     name, architecture, attention variant, parameters, vocabularies, training steps
   GET  /health        for a load balancer
   GET  /              a page with the translation, the n-best list and an interactive attention heat map;

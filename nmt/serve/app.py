@@ -1,6 +1,8 @@
 """The HTTP app (Starlette): the translation API, the model list, health, metrics and the attention page.
 
     POST /v1/translate   {"text": [...], "beam", "nbest", "attention", "model"} -> one result per line
+    POST /v1/translate/stream   the same body -> Server-Sent Events: each line's output after every decoding
+                         step, then its result (nmt.serve.streams)
     GET  /v1/models      each model's name, label, arch, attention variant, size, vocabularies, training steps
     GET  /health         "ok", with the lines waiting, the batches running, and the work done so far
     GET  /metrics        the same and more in the Prometheus text format (nmt.serve.metrics)
@@ -41,6 +43,7 @@ from nmt.serve.metrics import Metrics
 from nmt.serve.models import ServedModel
 from nmt.serve.requests import RequestError, check_content_type, parse_request
 from nmt.serve.scheduler import Cancelled, Overloaded, Scheduler
+from nmt.serve.streams import EventStream, StreamedRequest
 from nmt.translation import decode_settings
 
 STATIC = Path(__file__).parent / "static"
@@ -58,7 +61,7 @@ SECURITY_HEADERS = [
         b"frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     ),
 ]
-ROUTES = ("/v1/translate", "/v1/models", "/health", "/metrics", "/")
+ROUTES = ("/v1/translate", "/v1/translate/stream", "/v1/models", "/health", "/metrics", "/")
 
 
 def body_limit(settings: ServeSettings) -> int:
@@ -269,6 +272,29 @@ def create_app(
 
         return Response(await run_in_threadpool(respond), media_type="application/json")
 
+    async def translate_stream(request: Request) -> Any:
+        arrived = time.monotonic()
+        try:
+            check_content_type(request.headers.get("content-type"))
+            body = await read_body(request, limit)
+            job = await run_in_threadpool(parse_request, body, settings, beams, decode.beam, 1, True)
+        except RequestError as err:
+            return JSONResponse(err.body(), status_code=err.status)
+        model = by_name[job.model]
+        ids, options, warnings = await run_in_threadpool(model.encode, list(job.lines), job.prefixes)
+        record = {"model": job.model, "lines": len(job.lines), "beam": job.beam, "stream": True}
+        request.scope["nmt.log"] = record
+        settings_text = decode_settings(replace(decode, beam=job.beam, nbest=1))
+        streamed = StreamedRequest(job, model, ids, options, warnings, settings_text, arrived)
+        stream = EventStream(scheduler, streamed, settings.timeout_s, metrics, record)
+        first = next((i for i, line in enumerate(job.lines) if line.strip()), None)
+        if first is not None:
+            try:
+                stream.submit(first)  # a full queue is a 503 before the stream starts
+            except Overloaded as err:
+                return error_json(503, None, str(err), {"Retry-After": str(err.retry_after)})
+        return stream
+
     async def list_models(request: Request) -> JSONResponse:
         return JSONResponse(
             {
@@ -318,6 +344,7 @@ def create_app(
 
     routes = [
         Route("/v1/translate", translate, methods=["POST"]),
+        Route("/v1/translate/stream", translate_stream, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_page, methods=["GET"]),

@@ -1,7 +1,9 @@
 """Where the server's searches run: threads of the server process, or worker processes (serve.workers=N).
 
 Both take (lane, (model, beam, nbest), batch of (source ids, prefix ids), cancel event) and return each sentence's
-hypotheses.
+hypotheses. A streamed line comes as (lane, StreamKey, [StreamJob], cancel event): it is decoded alone, and its
+decoding steps' events (`step_record`, JSON-ready) go to the job's `emit` as they are made, from the lane's thread
+(or, from a worker process, through the pipe); the search never waits for the client that reads them.
 A search stops at its next decoding step once its cancel event is set: the model is wrapped so that its `step`
 checks the event first and raises `Cancelled`, which needs nothing from the search itself (greedy and beam alike).
 
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable, Hashable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,7 @@ import torch
 from nmt.config import DecodeConfig
 from nmt.search import Hypothesis
 from nmt.serve.scheduler import Cancelled
+from nmt.streaming import StreamEvent, stream_steps
 from nmt.translation import Translator
 
 
@@ -67,6 +71,78 @@ def search(translator: Translator, beam: int, nbest: int, payloads: list[Any], s
     return found
 
 
+FLUSH_S = 0.02  # a stream's events go to `emit` together when they come sooner than this after the last hand-over
+# (the first at once, the last when the search ends): each hand-over wakes the server's event loop, whose thread then
+# takes the GIL from the search's. Handing over every step took ~1.3x as long for a tiny toy Transformer's streams
+# (steps under 1 ms; 2 cores, busy); a step slower than this is handed over as it comes.
+
+
+@dataclass(frozen=True)
+class StreamKey:
+    """The scheduler key of a streamed line."""
+
+    model: str
+    beam: int
+
+
+@dataclass
+class StreamJob:
+    """A streamed line: (source ids, prefix ids, attention wanted, finished_only), and where its events go."""
+
+    payload: tuple[list[int], list[int], bool, bool]
+    emit: Callable[[list[dict[str, Any]]], None]  # receives step records in order, one or more at a time
+
+
+def step_record(event: StreamEvent, source: list[str] | None) -> dict[str, Any]:
+    """A step event as the stream sends it: the hypothesis' tokens and text, `keep`, and the attention rows from
+    `keep` on (rounded to 4 decimals, as /v1/translate's); `source` (the source pieces, then </s>) in the line's
+    first event that has attention."""
+    record: dict[str, Any] = {
+        "step": event.step,
+        "tokens": event.tokens,
+        "text": event.text,
+        "keep": event.keep,
+        "finished": event.finished,
+    }
+    if event.attention is not None:
+        record["attention"] = np.round(event.attention[event.keep :].astype(np.float64), 4).tolist()
+        if source is not None:
+            record["src"] = source
+    return record
+
+
+def stream(translator: Translator, beam: int, payload: tuple, stop: Callable[[], bool], emit) -> list[Hypothesis]:
+    """Decode one line as `search` does (alone), handing each step's record to `emit` (see FLUSH_S); its
+    hypotheses."""
+    src_ids, prefix_ids, attention, finished_only = payload
+    t = Translator(
+        Stoppable(translator.model, stop),
+        translator.tokenizer,
+        replace(translator.decode, beam=beam, nbest=1),
+        translator.device,
+        warn=lambda message: None,
+    )
+    pieces = t.tokenizer.src
+    source = [pieces.id_to_piece(i) for i in src_ids] + ["</s>"] if attention else None
+    steps = stream_steps(t, src_ids, prefix_ids or None, attention, finished_only)
+    ready: list[dict[str, Any]] = []
+    handed = -FLUSH_S
+    while True:
+        try:
+            event = next(steps)
+        except StopIteration as done:
+            if ready:
+                emit(ready)
+            return done.value
+        if event.final:  # the final event is the line's result, which the server builds as /v1/translate's
+            continue
+        ready.append(step_record(event, source))
+        source = None
+        if time.monotonic() - handed >= FLUSH_S:
+            emit(ready)
+            ready, handed = [], time.monotonic()
+
+
 class ThreadLanes:
     """Searches in the server's own threads, on the models it loaded."""
 
@@ -74,6 +150,9 @@ class ThreadLanes:
         self.translators = translators
 
     def __call__(self, lane: int, key: Hashable, src_ids: list[Any], cancel: threading.Event) -> list[Any]:
+        if isinstance(key, StreamKey):
+            (job,) = src_ids
+            return [stream(self.translators[key.model], key.beam, job.payload, cancel.is_set, job.emit)]
         name, beam, nbest = key  # type: ignore[misc]
         return search(self.translators[name], beam, nbest, src_ids, cancel.is_set)
 
@@ -107,11 +186,16 @@ def _worker(conn, checkpoints: dict[str, str], decode: DecodeConfig, device: str
     conn.send(("ready", None))
     while True:
         try:
-            job, (name, beam, nbest), src_ids = conn.recv()
+            job, key, src_ids = conn.recv()
         except (EOFError, OSError):
             return
+        stop = lambda job=job: abandon.value == job  # noqa: E731
         try:
-            found = search(translators[name], beam, nbest, src_ids, lambda job=job: abandon.value == job)
+            if isinstance(key, StreamKey):
+                emit = lambda record: conn.send(("event", record))  # noqa: E731
+                found = [stream(translators[key.model], key.beam, src_ids[0], stop, emit)]
+            else:
+                found = search(translators[key[0]], key[1], key[2], src_ids, stop)
             conn.send(("ok", _pack(found)))
         except Cancelled:
             conn.send(("cancelled", None))
@@ -160,14 +244,19 @@ class ProcessLanes:
         self.jobs += 1
         job = self.jobs
         conn = self.conns[lane]
+        emit = src_ids[0].emit if isinstance(key, StreamKey) else None  # a stream's events come back as they are made
         try:
-            conn.send((job, key, src_ids))
-            while not conn.poll(0.02):
-                if cancel.is_set():
-                    self.abandon[lane].value = job
-                if not self.procs[lane].is_alive():
-                    raise EOFError
-            kind, value = conn.recv()
+            conn.send((job, key, [p.payload for p in src_ids] if emit else src_ids))
+            while True:
+                while not conn.poll(0.02):
+                    if cancel.is_set():
+                        self.abandon[lane].value = job
+                    if not self.procs[lane].is_alive():
+                        raise EOFError
+                kind, value = conn.recv()
+                if kind != "event":
+                    break
+                emit(value)
         except (EOFError, OSError, BrokenPipeError):
             code = self.procs[lane].exitcode
             self._spawn(lane)  # the next batch gets a fresh process

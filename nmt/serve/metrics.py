@@ -9,6 +9,9 @@ nmt_batch_seconds                    seconds per batch (histogram)
 nmt_queue_lines                      lines waiting to be decoded now
 nmt_running_batches                  batches being decoded now
 nmt_requests_in_flight               HTTP requests being handled now
+nmt_streams_total{outcome}           streams ended: done, disconnected, timeout (504 event), stalled (a client
+                                     that took nothing for serve.timeout_s), error
+nmt_stream_events_total              step events sent by streams
 """
 
 from __future__ import annotations
@@ -36,12 +39,17 @@ class Metrics:
         Gauge("nmt_queue_lines", "lines waiting to be decoded", registry=r).set_function(queue_lines)
         Gauge("nmt_running_batches", "batches being decoded", registry=r).set_function(running)
         Gauge("nmt_requests_in_flight", "HTTP requests being handled", registry=r).set_function(in_flight)
+        self.streams = Counter("nmt_streams", "streams ended, by outcome", ["outcome"], registry=r)
+        self.stream_events = Counter("nmt_stream_events", "step events sent by streams", registry=r)
 
     def batch(self, lines: int, seconds: float) -> None:
         self.batches.inc()
         self.sentences.inc(lines)
         self.batch_lines.observe(lines)
         self.batch_seconds.observe(seconds)
+
+    def stream(self, outcome: str) -> None:
+        self.streams.labels(outcome).inc()
 
     def request(self, path: str, code: int, seconds: float) -> None:
         self.requests.labels(path, str(code)).inc()

@@ -1,4 +1,4 @@
-"""The body of POST /v1/translate, checked field by field before anything is queued.
+"""The body of POST /v1/translate (and /v1/translate/stream), checked field by field before anything is queued.
 
     {"text": ["line", ...], "beam": 5, "nbest": 1, "attention": false, "model": "a",
      "prefix": ["...", ...], "alignments": false}
@@ -10,7 +10,9 @@ alignments asks for each line's word alignment (Pharaoh `i-j` links, nmt.alignme
 mistake is a `RequestError` with an HTTP status and a one-line message that names the field: 400 for a
 body that is not a JSON object (including JSON nested too deep or numbers too long to read) or text that is not
 Unicode (a lone surrogate such as "\\ud800"), 413 for too many lines or characters, 415 for a body not sent as
-application/json, 422 for a missing, unknown, wrong-typed or out-of-range field, or an unknown model.
+application/json, 422 for a missing, unknown, wrong-typed or out-of-range field, or an unknown model. A stream takes
+the same body and `finished_only` (true: beam search shows only finished hypotheses, nmt.streaming), and refuses
+with 422 what does not stream: nbest > 1, constraints, avoid.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from nmt.config import ServeSettings
 
 FIELDS = ("text", "beam", "nbest", "attention", "model", "prefix", "alignments", "constraints", "avoid")
+STREAM_FIELDS = (*FIELDS, "finished_only")
 JSON_TYPES = {
     dict: "object",
     list: "array",
@@ -58,6 +61,7 @@ class TranslateRequest:
     alignments: bool = False
     constraints: tuple[tuple[str, ...], ...] | None = None  # per line, phrases its output must contain
     avoid: tuple[tuple[str, ...], ...] | None = None  # per line, phrases its output must not contain
+    finished_only: bool = False  # a stream: beam search shows only finished hypotheses
 
 
 MAX_DEPTH = 32  # JSON nesting a valid request never comes near (it has depth 2)
@@ -168,13 +172,27 @@ def attention_lines(body: dict[str, Any], count: int) -> frozenset[int]:
 
 
 def parse_request(
-    body: bytes, settings: ServeSettings, beams: dict[str, int], default_beam: int, default_nbest: int
+    body: bytes,
+    settings: ServeSettings,
+    beams: dict[str, int],
+    default_beam: int,
+    default_nbest: int,
+    stream: bool = False,
 ) -> TranslateRequest:
-    """Check a request body; `beams` maps each model name to the widest beam it accepts."""
+    """Check a request body; `beams` maps each model name to the widest beam it accepts; stream: the body of
+    POST /v1/translate/stream."""
     fields = parse_json(body)
+    known = STREAM_FIELDS if stream else FIELDS
     for name in fields:
-        if name not in FIELDS:
-            raise RequestError(422, name, f"{name}: unknown field; expected {', '.join(FIELDS)}")
+        if name not in known:
+            raise RequestError(422, name, f"{name}: unknown field; expected {', '.join(known)}")
+    if stream:
+        default_nbest = 1
+        for name in ("constraints", "avoid"):
+            if fields.get(name) is not None:
+                raise RequestError(
+                    422, name, f"{name}: lexically constrained search does not stream; use POST /v1/translate"
+                )
     lines = text_lines(fields, settings)
     model = fields.get("model", "a")
     if not isinstance(model, str) or model not in beams:
@@ -183,13 +201,22 @@ def parse_request(
         fields, "beam", min(default_beam, beams[model]), 1, beams[model], f"the widest beam model {model} accepts"
     )
     nbest = integer(fields, "nbest", min(default_nbest, beam), 1, beam, f"at most beam={beam}")
+    if stream and nbest > 1:
+        raise RequestError(
+            422, "nbest", f"nbest={nbest}: a stream shows one hypothesis; expected 1 (POST /v1/translate gives n-best)"
+        )
+    finished_only = fields.get("finished_only", False)
+    if not isinstance(finished_only, bool):
+        raise RequestError(
+            422, "finished_only", f"finished_only={json.dumps(finished_only)[:80]}: expected true or false"
+        )
     alignments = fields.get("alignments", False)
     if not isinstance(alignments, bool):
         raise RequestError(422, "alignments", f"alignments={json.dumps(alignments)[:80]}: expected true or false")
     attention = attention_lines(fields, len(lines))
     prefixes = prefix_lines(fields, len(lines))
     needs, avoids = phrase_lines(fields, "constraints", len(lines)), phrase_lines(fields, "avoid", len(lines))
-    return TranslateRequest(lines, beam, nbest, attention, model, prefixes, alignments, needs, avoids)
+    return TranslateRequest(lines, beam, nbest, attention, model, prefixes, alignments, needs, avoids, finished_only)
 
 
 def phrase_lines(body: dict[str, Any], name: str, count: int) -> tuple[tuple[str, ...], ...] | None:

@@ -14,6 +14,8 @@ queue; whenever a lane is free, a batch is made for it:
   - the first line of a batch waits up to `max_wait` for others to join it (counted from its arrival or from the
     end of the previous batch, whichever is later), unless `max_lines` lines are already waiting; the lines that
     arrived during that wait then go in batches one after another, without waiting again.
+  - a "solo" ticket (a streamed line, nmt.serve.streams) is a batch of its own, taken in its turn like any other
+    line (by arrival, on the lanes its cost allows) and without waiting for company it could not have.
 
 A ticket can be cancelled (its deadline passed, or its client went away): its waiting lines leave the queue, and a
 running batch whose every line belongs to cancelled tickets is stopped at its next decoding step (`work` receives a
@@ -59,6 +61,7 @@ class Ticket:
     results: list[Any] = field(default_factory=list)
     left: int = 0
     cancelled: bool = False
+    solo: bool = False  # decoded alone: a batch of one line
 
 
 @dataclass(eq=False)
@@ -142,15 +145,16 @@ class Scheduler:
     def waiting_lines(self) -> int:
         return len(self.waiting)
 
-    def submit(self, key: Hashable, payloads: list[Any], costs: list[int]) -> Ticket:
-        """Queue one request's lines; the ticket's future gets their results in order. Raises Overloaded."""
+    def submit(self, key: Hashable, payloads: list[Any], costs: list[int], solo: bool = False) -> Ticket:
+        """Queue one request's lines; the ticket's future gets their results in order. Raises Overloaded.
+        solo: each line is a batch of its own (a streamed line)."""
         if self.task is None:
             raise RuntimeError("the scheduler is not running (start() it on the server's event loop)")
         if payloads and len(self.waiting) + len(payloads) > self.max_queue_lines:
             seconds = (len(self.waiting) + len(payloads)) / self.rate if self.rate > 0 else 1.0
             raise Overloaded(len(self.waiting), self.max_queue_lines, min(60, max(1, math.ceil(seconds))))
         loop = asyncio.get_running_loop()
-        ticket = Ticket(key, loop.create_future(), loop.time(), [None] * len(payloads), len(payloads))
+        ticket = Ticket(key, loop.create_future(), loop.time(), [None] * len(payloads), len(payloads), solo=solo)
         if not payloads:
             ticket.future.set_result([])
             return ticket
@@ -181,7 +185,13 @@ class Scheduler:
                 continue
             first = self.waiting[0].ticket.arrived
             deadline = max(first, self.done) + self.max_wait
-            if first > self.cut and len(self.waiting) < self.max_lines and (left := deadline - loop.time()) > 0:
+            alone = self.waiting[0].ticket.solo  # no company to wait for
+            if (
+                not alone
+                and first > self.cut
+                and len(self.waiting) < self.max_lines
+                and (left := deadline - loop.time()) > 0
+            ):
                 self.wake.clear()
                 with suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), left)
@@ -213,6 +223,9 @@ class Scheduler:
         if not allowed:
             return None
         first = allowed[0]
+        if first.ticket.solo:
+            self.waiting = [item for item in self.waiting if item is not first]
+            return Running([first], first.long)
         same = [item for item in allowed if item.ticket.key == first.ticket.key and item.long == first.long]
         by_ticket: dict[Ticket, list[Item]] = {}
         for item in same:

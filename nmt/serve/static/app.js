@@ -1,7 +1,10 @@
 // nmt-serve page: plain JavaScript, no build step, nothing fetched but this server's API.
-// It reads GET /v1/models once, sends POST /v1/translate (attention for the lines it draws) for each chosen model, and
-// draws per input line and model: the translation, the n-best list, the subword tokens and the attention
-// heat map (rows: target tokens, columns: source tokens, each row sums to 1). Hovering a target token
+// It reads GET /v1/models once, then for each chosen model streams POST /v1/translate/stream (attention for the lines
+// it draws): while a line is decoded its translation is written and its heat map drawn row by row, as the
+// server's events come (a row per decoding step; rows a beam search takes back are redrawn). Each line's final event
+// draws the full result: the translation, the n-best list, the subword tokens and the attention heat map (rows:
+// target tokens, columns: source tokens, each row sums to 1). N-best lists (not streamed), a server without the
+// stream, or a browser that cannot read one use the plain POST /v1/translate. Hovering a target token
 // (or a cell) paints the source tokens by the weight it gives them; hovering a source token paints the
 // target tokens by the weight they give it. Tokens within half the row's (column's) largest weight are bold.
 "use strict";
@@ -87,16 +90,27 @@ async function translate(event) {
   const names = chosen === "*" ? MODELS.map((m) => m.name) : [chosen];
   const beam = Number($("beam").value), nbest = Math.min(Number($("nbest").value), beam);
   const drawn = lines.flatMap((line, i) => (line.trim() ? [i] : []));  // attention only for the lines drawn
+  const request = (model, extra = {}) => ({
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ text: lines, beam, attention: drawn, model, ...extra }),
+  });
+  const plain = () => Promise.all(names.map((model) => getJSON("/v1/translate", request(model, { nbest }))));
   showError("");
   $("go").disabled = true;
   $("status").textContent = "translating…";
   const started = performance.now();
   try {
-    const replies = await Promise.all(names.map((model) => getJSON("/v1/translate", {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ text: lines, beam, nbest, attention: drawn, model }),
-    })));
+    let replies;
+    if (nbest > 1) replies = await plain();  // n-best lists are not streamed
+    else {
+      try {
+        replies = await streamAll(lines, names, (model) => request(model));
+      } catch (err) {
+        if (!(err instanceof StreamUnavailable)) throw err;
+        replies = await plain();
+      }
+    }
     render(lines, replies);
     $("status").textContent = `${Math.round(performance.now() - started)} ms · ${replies[0].decode}`;
   } catch (err) {
@@ -105,6 +119,92 @@ async function translate(event) {
   } finally {
     $("go").disabled = false;
   }
+}
+
+// The stream could not be used (no such route, a network failure, no readable body): the plain call is made.
+class StreamUnavailable extends Error {}
+
+// Each model's stream at once, drawing into live panels; the replies, as POST /v1/translate gives them.
+async function streamAll(lines, names, request) {
+  const live = names.map((name) => lines.map((line) => (line.trim() ? livePanel(MODELS.find((m) => m.name === name)) : null)));
+  $("results").replaceChildren(...lines.flatMap((line, i) => (line.trim() ? [el("div", { class: "line" }, ...live.map((panels) => panels[i].box))] : [])));
+  return Promise.all(names.map((model, k) => streamOne(model, request(model), lines.length, live[k])));
+}
+
+async function streamOne(model, options, count, live) {
+  let response;
+  try {
+    response = await fetch("/v1/translate/stream", options);
+  } catch {
+    throw new StreamUnavailable("the stream could not be fetched");
+  }
+  if ([404, 405, 501].includes(response.status) || (response.ok && !response.body)) throw new StreamUnavailable(`HTTP ${response.status}`);
+  if (!response.ok) {
+    let body;
+    try { body = await response.json(); } catch { body = {}; }
+    throw new Error(body.error || `HTTP ${response.status}`);
+  }
+  const translations = new Array(count);
+  for await (const { name, data } of events(response)) {
+    if (name === "error") throw new Error(data.error);
+    if (name === "done") return { ...data, translations };
+    if (data.final) {
+      translations[data.line] = data.result;
+      if (live[data.line]) live[data.line].box.replaceWith(panel(live[data.line].model, data.result));
+    } else if (live[data.line]) drawStep(live[data.line], data);
+  }
+  throw new Error("the stream ended before its last event");
+}
+
+// Server-Sent Events of a fetch response: {name, data (parsed JSON)} for each event.
+async function* events(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let name = "message", data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) name = line.slice(6).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trim();
+      }
+      if (data) yield { name, data: JSON.parse(data) };
+    }
+  }
+}
+
+// A panel that a line's stream writes into: the translation so far and its heat map, a row per decoding step.
+function livePanel(model) {
+  const text = el("div", { class: "translation", text: "\u2026" });
+  const table = el("table", { class: "heat live" }, el("thead"), el("tbody"));
+  const box = el("div", { class: "card panel live" },
+    el("div", { class: "panel-head" }, el("span", { class: "badge", text: model.name }), el("span", { class: "title", text: model.title })),
+    text, el("div", { class: "score", text: "translating\u2026" }),
+    el("div", { class: "attention" }, el("div", { class: "heat-wrap" }, table)));
+  return { box, text, table, src: [], model };
+}
+
+function drawStep(live, step) {
+  live.text.textContent = step.text;
+  if (!step.attention) return;
+  if (step.src) {
+    live.src = step.src;
+    live.table.tHead.replaceChildren(el("tr", {}, el("th", { class: "corner", text: "target \u2193 source \u2192" }),
+      ...step.src.map((p, j) => el("th", { class: "src", "data-src": j }, piece(p)))));
+  }
+  const body = live.table.tBodies[0];
+  while (body.rows.length > step.keep) body.deleteRow(-1);  // rows the beam took back
+  step.attention.forEach((weights, k) => {
+    const i = step.keep + k, label = i < step.tokens.length ? step.tokens[i] : "</s>";
+    body.append(el("tr", {}, el("th", { class: "tgt", "data-tgt": i }, piece(label)),
+      ...weights.map((w, j) => heatCell(label, live.src[j], w, i, j))));
+  });
 }
 
 function render(lines, replies) {
@@ -147,12 +247,14 @@ function heatMap(att) {
   const head = el("tr", {}, el("th", { class: "corner", text: "target \u2193 source \u2192" }),
     ...att.src.map((p, j) => el("th", { class: "src", "data-src": j }, piece(p))));
   const rows = att.tgt.map((p, i) => el("tr", {}, el("th", { class: "tgt", "data-tgt": i }, piece(p)),
-    ...att.weights[i].map((w, j) => {
-      const cell = el("td", { class: "cell", "data-tgt": i, "data-src": j, title: `${att.tgt[i]} \u2190 ${att.src[j]}: ${w.toFixed(3)}` });
-      cell.style.background = `rgba(var(--accent), ${w})`;
-      return cell;
-    })));
+    ...att.weights[i].map((w, j) => heatCell(att.tgt[i], att.src[j], w, i, j))));
   return el("table", { class: "heat" }, el("thead", {}, head), el("tbody", {}, ...rows));
+}
+
+function heatCell(tgt, src, w, i, j) {
+  const cell = el("td", { class: "cell", "data-tgt": i, "data-src": j, title: `${tgt} \u2190 ${src}: ${w.toFixed(3)}` });
+  cell.style.background = `rgba(var(--accent), ${w})`;
+  return cell;
 }
 
 // Paint the tokens of one side by `weights` (amber, alpha = weight); bold those within half of the largest.
