@@ -23,8 +23,10 @@ quickstart: venv
 	$(BIN)/nmt-translate checkpoint=$(RUN) input=data/toy/test.src output=$(RUN)/test.hyp
 	$(BIN)/nmt-evaluate hyp=$(RUN)/test.hyp ref=data/toy/test.tgt
 
+# One worker per core (pytest-xdist), each test file in one worker (its trained fixtures built once), one torch
+# thread each (tests/conftest.py); `$(BIN)/python -m pytest -q tests` runs it in one process.
 test: venv
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 
 # ruff (configured in pyproject.toml): lint and formatting.
 lint: venv

@@ -17,7 +17,13 @@ os.environ.setdefault("NMT_NATIVE_FLAGS", "-Werror")
 
 MULTI30K = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"))
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs the suite in one worker per core (pytest -n): each worker, and every process a test starts,
+    # takes one thread, as two torch processes with a thread per core each would slow each other many times over
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 @pytest.fixture(scope="session")

@@ -110,7 +110,7 @@ def test_ten_minute_multi30k_recipes_train_on_the_corpus_to_their_time_budget(na
         "data.vocab_size=2000",
         f"data.cache_dir={cache}",
         "train.max_time=0.05",
-        "train.save_every=2",
+        "train.save_every=1",
         "train.valid_bleu_sentences=4",
         "decode.max_len_a=0",
         "decode.max_len_b=3",
@@ -120,7 +120,9 @@ def test_ten_minute_multi30k_recipes_train_on_the_corpus_to_their_time_budget(na
     assert train.main(argv) is None, capsys.readouterr().err
     results = json.loads((run / "results.json").read_text())
     assert results["timed_out"] and results["steps"] >= 1 and results["precision"] in ("bf16", "fp32")
-    assert average.main([f"run={run}", "last=2"]) is None, capsys.readouterr().err
+    # two checkpoints where the 3 seconds made two updates (a loaded machine may make one: its average is of one)
+    last = min(2, results["steps"])
+    assert average.main([f"run={run}", f"last={last}"]) is None, capsys.readouterr().err
     assert (run / "checkpoints" / "average.pt").is_file()
 
 
