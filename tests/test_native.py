@@ -265,10 +265,13 @@ def test_the_whole_decoder_step_in_one_call_equals_its_layers_called_one_by_one(
     calls.clear()
     layers = searches()
     assert not calls
+    # int8: as for the encoder below, a norm's last bit (the portable C's sums run in another order than the AVX-512
+    # ones) can move a value's quantum; the tokens must still be the same
+    score_tolerance, attn_tolerance = (1e-4, 1e-5) if precision == "fp32" else (2e-2, 2e-2)
     for (tokens, score, attn), (tokens2, score2, attn2) in zip(whole, layers):
         assert tokens == tokens2
-        assert abs(score - score2) < 1e-4
-        torch.testing.assert_close(attn, attn2, rtol=0, atol=1e-5)
+        assert abs(score - score2) < score_tolerance
+        torch.testing.assert_close(attn, attn2, rtol=0, atol=attn_tolerance)
     monkeypatch.undo()
     enc = model.encode(batch.src, batch.src_mask)
     with pytest.raises(IndexError):

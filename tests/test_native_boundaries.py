@@ -241,7 +241,7 @@ def run_kernel_tests(tmp_path: Path, flags: str, extra_env: dict[str, str]) -> s
         "OMP_NUM_THREADS": "1",
         **extra_env,
     }
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *SANITIZED]
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", *SANITIZED]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -271,5 +271,17 @@ def test_the_kernel_tests_pass_under_address_and_undefined_behaviour_sanitizers(
 def test_the_portable_kernels_pass_where_the_cpu_has_avx512(tmp_path):
     """The kernels' portable C (what a CPU without AVX-512 runs: every #ifdef __AVX512F__ branch left out) built
     and tested on this AVX-512 machine, so neither build ships untested from a machine of one kind."""
-    done = run_kernel_tests(tmp_path, "-Werror -mno-avx512f", {})
+    done = run_kernel_tests(tmp_path, "-Werror -mno-avx512f", {"NMT_INT8_REFERENCE": "1"})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "VNNI" not in done.stdout, done.stdout[-3000:]  # the int8 kernel tests ran, through the C reference
+
+
+@built
+@pytest.mark.skipif(native.vnni(), reason="this build has the VNNI kernels: the portable test runs the reference")
+def test_the_int8_kernels_run_through_their_c_reference_where_the_cpu_has_no_vnni(tmp_path):
+    """On a CPU without AVX-512 VNNI the int8 kernels (vnni_linear, a layer's, the encoder's and the decoder step's
+    int8 paths) would never run, and a wrong packing or scaling in them could ship green: their portable C
+    reference (NMT_INT8_REFERENCE=1) runs the same tests here, held to torch's int8 path bit for bit."""
+    done = run_kernel_tests(tmp_path, "-Werror", {"NMT_INT8_REFERENCE": "1"})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "VNNI" not in done.stdout, done.stdout[-3000:]

@@ -19,7 +19,9 @@ load a half-written file.
 
 Load: every function's ctypes signature (`SIGNATURES`), then the structs' layouts: the C reports its structs'
 sizes and offsets (nmt_layout) and they must equal the ctypes copies' (`LAYOUT`), else the kernels are disabled
-with one warning line (a wrong offset would be silent memory corruption).
+with one warning line (a wrong offset would be silent memory corruption). NMT_INT8_REFERENCE=1 (the tests' switch)
+turns on the int8 kernels' portable C reference where the build has no VNNI, so that a CPU without VNNI still runs
+every int8 path of the kernels (in scalar C: slower than torch's int8 path, which such a build otherwise uses).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {  # name -> (argument types, 
     "dequantize": ([_P, _I64, _I64, _P, _P, _P, _P], None),
     "unit_rows_pinned": ([_P, _I64, _I64, _P, _P], None),
     "vnni_linear": ([_P, _I64, _I64, _I64, _P, _P, _P, _P, _P], ctypes.c_int),
+    "nmt_int8_reference": ([ctypes.c_int], ctypes.c_int),
     "fp32_linear": ([_P, _I64, _I64, _I64, _P, _P, _P], ctypes.c_int),
     "has_amx": ([], ctypes.c_int),
     "log_softmax_topk": ([_P, _I64, _I64, _I64, _P, _I64, _P, _P], ctypes.c_int),
@@ -268,6 +271,9 @@ def load() -> tuple[ctypes.CDLL | None, str]:
         warn(f"the C structs and their Python copies differ ({mismatch}); kernels disabled, torch's operators used")
         return None, f"disabled (struct layout: {mismatch}): torch's operators"
     line = f"{path.name} ({compiler_version(_compiler() or 'cc')})"
+    if os.environ.get("NMT_INT8_REFERENCE") == "1":  # the tests' switch: int8 kernels in portable C without VNNI
+        lib.nmt_int8_reference(1)
+        line += ", int8 reference on (NMT_INT8_REFERENCE=1)"
     LOG.info("native kernels: %s from %s", line, path.parent)
     return lib, line
 

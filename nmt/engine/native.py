@@ -332,10 +332,14 @@ def vnni_linear(
     if not (bias is None or need(fn, "bias", bias).numel() == out):
         fail(fn, f"bias: expected {out} values")
     y = torch.empty((rows, out), dtype=torch.float32)
-    library().vnni_linear(
+    done = library().vnni_linear(
         x.data_ptr(), rows, inner, out, packed.data_ptr(), colsum.data_ptr(), col_scale.data_ptr(),
         None if bias is None else bias.data_ptr(), y.data_ptr(),
     )  # fmt: skip
+    if done != 1:
+        raise MemoryError(f"vnni_linear: no memory for a row of {inner} inputs") if done < 0 else RuntimeError(
+            "vnni_linear: this build has no int8 kernel"
+        )
     return y
 
 

@@ -314,12 +314,65 @@ void quantize_rows(const float *x, int64_t rows, int64_t width, int8_t *q, float
     }
 }
 
+/* The int8 products' portable reference: set by nmt_int8_reference (NMT_INT8_REFERENCE=1 at load, for the tests),
+   the int8 kernels of a build without VNNI (vnni_linear, layer_step, encoder_forward, decoder_step) run through
+   qlinear_ref instead of returning 0, so that a CPU without VNNI still tests everything around the product:
+   the packing, the column sums, the scaling, the layers' and the step's int8 paths. Off by default: in scalar C
+   it is slower than torch's int8 path, which a build without VNNI uses. */
+static int int8_reference = 0;
+
+int nmt_int8_reference(int on) {
+    int before = int8_reference;
+    int8_reference = on != 0;
+    return before;
+}
+
+#if !(defined(__AVX512VNNI__) && defined(__AVX512F__))  /* (a VNNI build has qlinear itself) */
+/* qlinear's arithmetic one output at a time, in portable C: each row quantized as by quantize_rows (shifted to
+   q + 128 as vpdpbusd reads it), its int32 sums with the packed weights less 128 * colsum (exact), then the float
+   operations of qstore in its order, so y equals qlinear's (and quantize_rows + torch._int_mm + dequantize) bit for
+   bit. Returns NMT_DONE; NMT_NO_MEMORY (y all NaN, so that no caller reads it as a result) when a row of more
+   than 4,096 inputs finds no memory for its buffer. */
+static int qlinear_ref(const float *x, int64_t rows, int64_t in, int64_t out, const int8_t *packed,
+                       const int32_t *colsum, const float *col_scale, const float *bias, float *y, int relu,
+                       const float *residual) {
+    int32_t row[4096];
+    int32_t *q = in <= 4096 ? row : (int32_t *)malloc((size_t)in * sizeof(int32_t));
+    if (!q) {
+        for (int64_t i = 0; i < rows * out; ++i) y[i] = NAN;
+        return NMT_NO_MEMORY;
+    }
+    int64_t groups = in / 4;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * in;
+        float amax = row_amax(xr, in);
+        float sc = (amax > 1e-12f ? amax : 1e-12f) / 127.0f;
+        for (int64_t i = 0; i < in; ++i) q[i] = (int32_t)nearbyintf(xr[i] / sc) + 128;
+        for (int64_t o = 0; o < out; ++o) {
+            const int8_t *w = packed + (o / 16) * groups * 64 + (o % 16) * 4;  /* [o / 16][i / 4][o % 16][i % 4] */
+            int32_t sum = 0;
+            for (int64_t i = 0; i < in; ++i) sum += q[i] * (int32_t)w[(i / 4) * 64 + i % 4];
+            float v = (float)(sum - colsum[o] * 128);
+            v = v * sc;
+            v = v * col_scale[o];
+            if (bias) v = v + bias[o];
+            if (relu) v = v > 0.0f ? v : 0.0f;
+            if (residual) v = residual[r * out + o] + v;
+            y[r * out + o] = v;
+        }
+    }
+    if (q != row) free(q);
+    return NMT_DONE;
+}
+#endif
+
 /* The whole of Int8Linear for a few rows with AVX-512 VNNI: each row of x (R, I) quantized as by quantize_rows (to
    q + 128, an unsigned byte, which vpdpbusd takes), multiplied by the packed int8 weight, the product corrected by
    128 * colsum (exact: int32 arithmetic), and scaled as by dequantize (the same float operations in the same order),
    so y equals quantize_rows + torch._int_mm + dequantize bit for bit. packed: (O / 16, I / 4, 16, 4) int8 (output
    unit o, input i at [o / 16][i / 4][o % 16][i % 4]); colsum (O,) int32 the weight's column sums. Needs I % 4 == 0,
-   O % 64 == 0 and I <= 4096; returns 0 (doing nothing) where this build has no VNNI, else 1. */
+   O % 64 == 0 and I <= 4096; returns 0 (doing nothing) where this build has no VNNI and the int8 reference is off,
+   else 1 (NMT_DONE; the reference: NMT_NO_MEMORY when it found no memory). */
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -531,13 +584,13 @@ int has_amx(void) {
 
 int vnni_linear(const float *x, int64_t rows, int64_t in, int64_t out, const int8_t *packed, const int32_t *colsum,
                 const float *col_scale, const float *bias, float *y) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
     if (in % 4 || out % 64 || in > 4096) return 0;
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
     qlinear(x, rows, in, out, packed, colsum, col_scale, bias, y, 0, 0);
     return 1;
 #else
-    (void)x; (void)rows; (void)in; (void)out; (void)packed; (void)colsum; (void)col_scale; (void)bias; (void)y;
-    return 0;
+    if (!int8_reference) return 0;
+    return qlinear_ref(x, rows, in, out, packed, colsum, col_scale, bias, y, 0, 0);
 #endif
 }
 
@@ -672,15 +725,18 @@ static void linear32(const void *layer, int which, const float *x, int64_t rows,
         for (int64_t i = 0; i < n; ++i) y[i] = y[i] + c[i];
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-/* int8: qlinear (VNNI or AMX), the residual added in its last pass. */
+/* int8: qlinear (VNNI or AMX), the residual added in its last pass; without VNNI, the reference (only reached with
+   int8_reference set: the callers return 0 otherwise). */
 static void linear8(const void *layer, int which, const float *x, int64_t rows, float *y, int relu, int residual,
                     float *tmp) {
     (void)tmp;
     const Linear8 *l = &((const Layer8 *)layer)->linear[which];
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
     qlinear(x, rows, l->in, l->out, l->packed, l->colsum, l->scale, l->bias, y, relu, residual ? y : 0);
-}
+#else
+    qlinear_ref(x, rows, l->in, l->out, l->packed, l->colsum, l->scale, l->bias, y, relu, residual ? y : 0);
 #endif
+}
 
 /* DecoderLayer.step_one in one call: x (R, H) updated in place; the caches and cross-attention as for
    self_attend / attend (cross keys (B, N, W, D) contiguous, bias (B, W)); weights (R, N, W) or NULL. scratch: at
@@ -727,20 +783,17 @@ int layer_step32(const Layer32 *L, float *x, int64_t rows, float *keys, float *v
                       cbias, sentences, weights, scratch, anc, anc_stride, cslots);
 }
 
-/* layer_body for an int8 decoding copy; returns 0 (doing nothing) where this build has no VNNI. */
+/* layer_body for an int8 decoding copy; returns 0 (doing nothing) where this build has no VNNI and the int8
+   reference is off. */
 int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *values, int64_t row_stride,
                int64_t head_stride, int64_t t, const float *ck, const float *cv, int64_t width, const float *cbias,
                int64_t sentences, float *weights, float *scratch, const int64_t *anc, int64_t anc_stride,
                const int64_t *cslots) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#if !(defined(__AVX512VNNI__) && defined(__AVX512F__))
+    if (!int8_reference) return 0;
+#endif
     return layer_body(&L->head, linear8, L, x, rows, keys, values, row_stride, head_stride, t, ck, cv, width,
                       cbias, sentences, weights, scratch, anc, anc_stride, cslots);
-#else
-    (void)L; (void)x; (void)rows; (void)keys; (void)values; (void)row_stride; (void)head_stride; (void)t; (void)ck;
-    (void)cv; (void)width; (void)cbias; (void)sentences; (void)weights; (void)scratch; (void)anc; (void)anc_stride;
-    (void)cslots;
-    return 0;
-#endif
 }
 
 /* EncoderLayer.forward of a decoding copy: x (B * L, H) updated in place; bias (B, L) 0 where a key may be
@@ -787,17 +840,17 @@ static int embed_rows(const int64_t *tokens, int64_t rows, const float *embed, i
 
 /* TransformerEncoder.forward of a decoding copy in one call: tokens (B, L) -> x (B * L, H), embedded (pe: (L, H)),
    through the n layers (encoder_body; linear8's products where int8 is set), then the final norm (norm_w NULL:
-   none). Returns 1; 0 where this build has no int8 kernel (doing nothing); -1 for a token outside [0, vocab). */
+   none). Returns 1; 0 where this build has no int8 kernel and the int8 reference is off (doing nothing); -1 for a
+   token outside [0, vocab). */
 int encoder_forward(const void *const *layers, int64_t n, int int8, const int64_t *tokens, const float *embed,
                     int64_t vocab, float scale, const float *pe, float *x, int64_t sentences, int64_t length,
                     const float *bias, float *scratch, const float *norm_w, const float *norm_b, float norm_eps) {
     LayerLinear linear = linear32;
     if (int8) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-        linear = linear8;
-#else
-        return 0;
+#if !(defined(__AVX512VNNI__) && defined(__AVX512F__))
+        if (!int8_reference) return 0;
 #endif
+        linear = linear8;
     }
     const LayerHead *head = (const LayerHead *)layers[0];
     int64_t H = head->dim, rows = sentences * length;
@@ -815,7 +868,7 @@ int encoder_forward(const void *const *layers, int64_t n, int int8, const int64_
    linear8's products where int8 is set, else linear32's), then the final norm (norm_w NULL: none), in place. The
    caches and cross-attention keys/values: one pointer per layer, the rest as layer_step; the last layer's cross
    weights go to weights (R, N, W) and their mean over heads to attn (R, S), S <= W. Returns 1; 0 where this build
-   has no int8 kernel (doing nothing); -1 for a token outside [0, vocab). */
+   has no int8 kernel and the int8 reference is off (doing nothing); -1 for a token outside [0, vocab). */
 int decoder_step(const void *const *layers, int64_t n, int int8, const int64_t *tokens, const float *embed,
                  int64_t vocab, float scale, const float *pe, float *x, int64_t rows, float *const *keys,
                  float *const *values, int64_t row_stride, int64_t head_stride, int64_t t, const float *const *ck,
@@ -824,11 +877,10 @@ int decoder_step(const void *const *layers, int64_t n, int int8, const int64_t *
                  const float *norm_b, float norm_eps, float *attn, int64_t src_width) {
     LayerLinear linear = linear32;
     if (int8) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-        linear = linear8;
-#else
-        return 0;
+#if !(defined(__AVX512VNNI__) && defined(__AVX512F__))
+        if (!int8_reference) return 0;
 #endif
+        linear = linear8;
     }
     const LayerHead *head = (const LayerHead *)layers[0];  /* the first member of Layer8 and Layer32 */
     int64_t H = head->dim, N = head->heads;

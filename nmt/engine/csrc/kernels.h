@@ -68,6 +68,9 @@ int self_attend(const float *qkv, int64_t rows, int64_t heads, int64_t dim, int6
                  int64_t anc_stride);
 void quantize_rows(const float *x, int64_t rows, int64_t width, int8_t *q, float *scale);
 int has_amx(void);
+/* The int8 kernels through a portable C reference where the build has no VNNI (on != 0; tests only: slower than
+   torch's int8 path); returns the setting before. */
+int nmt_int8_reference(int on);
 int vnni_linear(const float *x, int64_t rows, int64_t in, int64_t out, const int8_t *packed, const int32_t *colsum,
                 const float *col_scale, const float *bias, float *y);
 int fp32_linear(const float *x, int64_t rows, int64_t in, int64_t out, const float *packed, const float *bias,
