@@ -337,8 +337,10 @@ def vnni_linear(
         None if bias is None else bias.data_ptr(), y.data_ptr(),
     )  # fmt: skip
     if done != 1:
-        raise MemoryError(f"vnni_linear: no memory for a row of {inner} inputs") if done < 0 else RuntimeError(
-            "vnni_linear: this build has no int8 kernel"
+        raise (
+            MemoryError(f"vnni_linear: no memory for a row of {inner} inputs")
+            if done < 0
+            else RuntimeError("vnni_linear: this build has no int8 kernel")
         )
     return y
 
