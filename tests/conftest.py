@@ -115,8 +115,8 @@ def run_args(corpus: Path) -> list[str]:
     ]
 
 
-# The longest test files first (measured: `pytest --durations`): `make test` hands whole files to its workers in
-# collection order, so a long file collected last would leave the other worker idle at the end.
+# The longest test files first (measured: `pytest --durations`): `make test` hands tests to its workers in
+# collection order, so a long test collected last would leave the other worker idle at the end.
 LONGEST_FIRST = (
     "test_native_boundaries.py",  # the kernel tests again under the sanitizers and as the portable build
     "test_toy_learning.py",  # every family trained as the toy comparison trains it
