@@ -134,3 +134,26 @@ def pytest_collection_modifyitems(items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order within a file, and of the other files, is kept
+
+
+STEP = 0.03  # seconds the `steps` fixture adds to each of the server's decoding steps
+
+
+@pytest.fixture
+def steps(monkeypatch):
+    """Slow every decoding step of nmt-serve's lanes by STEP seconds (a tiny model's line then takes long enough to
+    be interrupted); the list gets the time of each step (tests/test_serve_hostile.py, tests/test_serve_stream.py)."""
+    import time
+
+    from nmt.serve import lanes
+
+    seen: list[float] = []
+    real = lanes.Stoppable.step
+
+    def slow(self, *args, **kwargs):
+        seen.append(time.monotonic())
+        time.sleep(STEP)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(lanes.Stoppable, "step", slow)
+    return seen

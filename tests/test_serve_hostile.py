@@ -31,13 +31,11 @@ import uvicorn  # noqa: E402
 
 from nmt.cli.serve import listen, uvicorn_config  # noqa: E402
 from nmt.config import ServeSettings  # noqa: E402
-from nmt.serve import lanes  # noqa: E402
 from nmt.serve.app import create_app  # noqa: E402
 from nmt.serve.models import load_model  # noqa: E402
 from tests.test_serve import DECODE, trained_pair  # noqa: E402
 
 BASE = ServeSettings(max_lines=16, max_chars=4000, max_beam=4, max_wait_ms=0, access_log=False, long_tokens=40)
-STEP = 0.03  # seconds added to each decoding step
 
 
 @pytest.fixture(scope="module")
@@ -53,21 +51,6 @@ def lines(toy_dir, models):
     ids, _, _ = models[0].encode([sources[0], long])
     assert len(ids[0]) + 1 <= BASE.long_tokens < len(ids[1]) + 1  # a short line and a long one, by serve.long_tokens
     return {"short": sources[:6], "long": long}
-
-
-@pytest.fixture
-def steps(monkeypatch):
-    """Slow every decoding step by STEP seconds; the list gets the time of each step."""
-    seen: list[float] = []
-    real = lanes.Stoppable.step
-
-    def slow(self, *args, **kwargs):
-        seen.append(time.monotonic())
-        time.sleep(STEP)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(lanes.Stoppable, "step", slow)
-    return seen
 
 
 @contextmanager

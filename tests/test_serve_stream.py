@@ -4,7 +4,7 @@ client leaves or its deadline passes, and never waits for a slow reader.
 
 Functional checks go through the test client (which reads a response whole); timing, disconnects and slow readers
 over real HTTP on loopback (uvicorn in a thread, tests/test_serve_hostile.py's `serving`), with each decoding step
-slowed by tests/test_serve_hostile.py's `steps` so that a line takes a second or more with the tiny models."""
+steps by tests/test_serve_hostile.py's `steps` so that a line takes a second or more with the tiny models."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from nmt.serve import lanes  # noqa: E402
 from nmt.serve.app import create_app  # noqa: E402
 from nmt.serve.models import load_model  # noqa: E402
 from nmt.serve.scheduler import Overloaded  # noqa: E402
+from tests.conftest import STEP  # noqa: E402
 from tests.test_serve import DECODE, LOCAL, SETTINGS, trained_pair  # noqa: E402
-from tests.test_serve_hostile import BASE, STEP, serving  # noqa: E402
+from tests.test_serve_hostile import BASE, serving  # noqa: E402
 
 STREAM = "/v1/translate/stream"
 
@@ -49,21 +50,6 @@ def client(models):
 @pytest.fixture(scope="module")
 def sources(toy_dir):
     return (toy_dir / "test.src").read_text().splitlines()
-
-
-@pytest.fixture
-def slowed(monkeypatch):
-    """Every decoding step slowed by STEP seconds, as tests/test_serve_hostile.py's `steps`; the time of each."""
-    seen: list[float] = []
-    real = lanes.Stoppable.step
-
-    def slow(self, *args, **kwargs):
-        seen.append(time.monotonic())
-        time.sleep(STEP)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(lanes.Stoppable, "step", slow)
-    return seen
 
 
 def parse(text: str) -> list[tuple[str, dict]]:
@@ -247,7 +233,7 @@ def until(condition, seconds: float = 10.0) -> bool:
     return False
 
 
-def test_events_come_while_the_line_is_decoded_and_the_stream_takes_its_turn(models, sources, slowed):
+def test_events_come_while_the_line_is_decoded_and_the_stream_takes_its_turn(models, sources, steps):
     line = " ".join(sources[:3])
     with serving(models, BASE) as (base, _):
         ended = {}
@@ -287,7 +273,7 @@ def open_stream(base: str, body: dict) -> socket.socket:
     return s
 
 
-def test_a_client_that_disconnects_mid_stream_stops_its_decoding(models, sources, slowed):
+def test_a_client_that_disconnects_mid_stream_stops_its_decoding(models, sources, steps):
     long = " ".join(sources[:14])
     with serving(models, BASE) as (base, _):
         s = open_stream(base, {"text": [long]})
@@ -296,32 +282,32 @@ def test_a_client_that_disconnects_mid_stream_stops_its_decoding(models, sources
             received += s.recv(4096)
         s.close()  # the client goes away mid-stream
         assert until(lambda: health(base)["running"] == 0), "the abandoned line is still being decoded"
-        stopped = len(slowed)
+        stopped = len(steps)
         metrics = httpx.get(f"{base}/metrics", timeout=10).text
         assert 'nmt_streams_total{outcome="disconnected"} 1.0' in metrics
         assert httpx.post(f"{base}/v1/translate", json={"text": [sources[0]]}, timeout=60).status_code == 200
-        assert len(slowed) - stopped <= output_steps(models, sources[0])  # the plain request's steps only
+        assert len(steps) - stopped <= output_steps(models, sources[0])  # the plain request's steps only
     assert stopped < output_steps(models, long) // 2  # far fewer steps than the line's output could take
 
 
-def test_a_stream_past_its_deadline_ends_with_an_error_event(models, sources, slowed):
+def test_a_stream_past_its_deadline_ends_with_an_error_event(models, sources, steps):
     with serving(models, replace(BASE, timeout_s=1.0)) as (base, _):
         events = timed(base, {"text": [" ".join(sources[:14])]})
         assert until(lambda: health(base)["running"] == 0)
-        count = len(slowed)
+        count = len(steps)
         assert httpx.post(f"{base}/v1/translate", json={"text": [sources[0]]}, timeout=60).status_code == 200
-        assert len(slowed) - count <= output_steps(models, sources[0])
+        assert len(steps) - count <= output_steps(models, sources[0])
     names = [name for _, name, _ in events]
     assert names[-1] == "error" and names.count("message") >= 2 and "done" not in names
     error = events[-1][2]
     assert error["status"] == 504 and "serve.timeout_s=1" in error["error"]
 
 
-def test_a_slow_reader_holds_no_lane(models, sources, slowed):
+def test_a_slow_reader_holds_no_lane(models, sources, steps):
     line = " ".join(sources[:4])
     with serving(models, BASE) as (base, _):
         s = open_stream(base, {"text": [line], "attention": True})  # nothing read while it is decoded
-        assert until(lambda: len(slowed) > 3)
+        assert until(lambda: len(steps) > 3)
         assert until(lambda: health(base)["running"] == 0 and health(base)["queued"] == 0)  # decoded, unread
         assert httpx.post(f"{base}/v1/translate", json={"text": [sources[0]]}, timeout=60).status_code == 200
         received = b""
