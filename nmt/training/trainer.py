@@ -22,6 +22,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 
 from nmt.config import Config, config_to_yaml
 from nmt.data.batching import Batch
@@ -169,8 +170,10 @@ class Trainer(CheckpointState, Validation, DataPosition):
     def loss(self, batch: Batch, smoothing: float, net: torch.nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy over the real (non-padding) target tokens; `net` defaults to the training one."""
         live = batch.tgt_out != PAD  # (B, T)
-        logits = (net or self.net)(batch.src, batch.src_mask, batch.tgt_in, live)  # (N, V), N real target tokens
-        return smoothed_cross_entropy(logits, batch.tgt_out[live], smoothing)
+        with record_function("forward"):
+            logits = (net or self.net)(batch.src, batch.src_mask, batch.tgt_in, live)  # (N, V), N real target tokens
+        with record_function("loss"):
+            return smoothed_cross_entropy(logits, batch.tgt_out[live], smoothing)
 
     def train_step(self, batches: list[Batch], total_tokens: int | None = None) -> float | None:
         """One update from this process's micro-batches; `total_tokens` counts the target tokens of all processes.
@@ -188,19 +191,22 @@ class Trainer(CheckpointState, Validation, DataPosition):
             ):  # gradients sync once per update
                 with self.precision.autocast():
                     loss = self.loss(batch.to(self.device), self.cfg.train.label_smoothing)
-                self.precision.backward(loss * (self.dist.world / max(total, 1)))  # DDP averages over processes
+                with record_function("backward"):
+                    self.precision.backward(loss * (self.dist.world / max(total, 1)))  # DDP averages over processes
             loss_sum += float(loss.detach())
         loss_sum, bad_loss = self.dist.sum([loss_sum, float(not math.isfinite(loss_sum))], self.device)
         self.precision.unscale(self.optimizer)
         clip = self.cfg.train.clip_norm if self.cfg.train.clip_norm > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        with record_function("clip"):
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if bad_loss or not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             self.precision.skipped()
             if bad_loss or not self.precision.overflows:  # fp16 probing its loss scale is no sign of divergence
                 self.skipped_update()
             return None
-        self.precision.step(self.optimizer)
+        with record_function("optimizer"):
+            self.precision.step(self.optimizer)
         self.scheduler.step()
         return loss_sum / max(total, 1)
 

@@ -1,0 +1,52 @@
+"""scripts/profile_train.py: a training update's time split into its phases and operator kinds (issue 51's profile),
+and the phase labels it reads from Trainer.train_step, which change no number (tests/test_training_numerics.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+from tests.test_training_numerics import corpus, overrides  # noqa: F401  (the toy corpus fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("profile_train", ROOT / "scripts" / "profile_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def shares(text: str, heading: str) -> dict[str, float]:
+    """The rows of the markdown table under `heading`: name -> share (0-1)."""
+    table = text.split(heading, 1)[1].split("\n\n", 1)[0]
+    return {m[1].strip("` "): float(m[2]) / 100 for m in re.finditer(r"^\| ([^|]+) \| ([0-9.]+)% \|$", table, re.M)}
+
+
+def test_the_profile_splits_an_update_into_its_phases_and_operator_kinds(corpus, capsys):  # noqa: F811
+    script = load_script()
+    script.main(["--steps", "3", "--warmup", "1", *overrides(corpus, "transformer")])
+    out = capsys.readouterr().out
+    assert "3 updates" in out and "target tokens/s" in out
+    phases = shares(out, "| phase |")
+    assert set(phases) == {*script.PHASES, "other"}
+    assert abs(sum(phases.values()) - 1) < 0.01  # "other" is the rest of the wall time
+    assert phases["forward"] > 0.05 and phases["backward"] > 0.05 and phases["optimizer"] > 0
+    kinds = shares(out, "| operator kind |")
+    assert abs(sum(kinds.values()) - 1) < 0.01
+    assert kinds["matrix products"] > 0.05  # a Transformer update is products first
+    top = shares(out, "| top operators")
+    assert top and all(name.startswith(("aten::", "mkldnn")) for name in top)
+
+
+def test_operators_are_sorted_into_kinds():
+    kind = load_script().kind
+    assert kind("aten::addmm") == kind("aten::bmm") == "matrix products"
+    assert kind("aten::_softmax") == "attention"
+    assert kind("aten::_fused_adam_") == "optimizer"
+    assert kind("aten::native_layer_norm_backward") == "norms"
+    assert kind("aten::copy_") == "copies and casts"
+    assert kind("aten::relu") == "elementwise"
+    assert kind("aten::unheard_of") == "other operators"
