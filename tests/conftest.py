@@ -39,6 +39,30 @@ def toy_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("toy_cache")
 
 
+@pytest.fixture(scope="session")
+def toy_comparison(toy_dir, tmp_path_factory) -> Path:
+    """Two tiny variants of the toy comparison (tests/test_compare.py's compare_args) trained at once by two spawned
+    workers, the parent forbidden to initialise CUDA: trained once a session, read through a copy of the folder by
+    tests/test_compare.py (`compared`) and tests/test_compare_trust.py (`spawned`)."""
+    from nmt.cli import compare
+    from nmt.cli.common import run
+    from tests.test_compare import compare_args
+
+    out = tmp_path_factory.mktemp("toy_comparison") / "report"
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("the comparison's parent process initialised CUDA")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "_lazy_init", no_cuda)
+        patch.setattr(torch.cuda, "get_device_name", no_cuda)
+        with pytest.raises(SystemExit) as exit_info:
+            run(compare.main, compare_args(toy_dir, out) + ["jobs=2", "train.threads=1"])
+    assert exit_info.value.code == 0
+    assert not torch.cuda.is_initialized()
+    return out
+
+
 def tiny_config(toy_dir: Path, cache_dir: Path, **train) -> Config:
     """A 1-layer d32 Transformer on the toy corpus, a few steps."""
     data = DataConfig(

@@ -135,14 +135,18 @@ def simulated_stats(
     """(N, 10) BLEU statistics of one trained system: each token right with probability sigmoid(quality - difficulty);
     an n-gram matches when its n tokens are right; hypotheses as long as the references."""
     right_p = 1 / (1 + np.exp(-(quality - difficulty)))
+    sentence = np.repeat(np.arange(len(lengths)), lengths)  # each token's sentence
+    # one draw per token, in order: the same numbers as a draw of `length` per sentence, sentence after sentence
+    right = rng.random(len(sentence)) < right_p[sentence]
     stats = np.zeros((len(lengths), 10))
-    for i, (length, p) in enumerate(zip(lengths, right_p)):
-        right = rng.random(length) < p
-        stats[i, 0] = stats[i, 1] = length
-        for n in range(1, 5):
-            windows = np.lib.stride_tricks.sliding_window_view(right, n) if length >= n else np.zeros((0, n), bool)
-            stats[i, 1 + n] = windows.all(1).sum()
-            stats[i, 5 + n] = max(length - n + 1, 0)
+    stats[:, 0] = stats[:, 1] = lengths
+    run = right.copy()  # at n: whether tokens j .. j+n-1 are all right and of one sentence
+    for n in range(1, 5):
+        if n > 1:
+            run[: 1 - n] &= right[n - 1 :] & (sentence[n - 1 :] == sentence[: 1 - n])
+            run[1 - n :] = False
+        stats[:, 1 + n] = np.bincount(sentence[run], minlength=len(lengths))
+        stats[:, 5 + n] = np.maximum(lengths - n + 1, 0)
     return stats
 
 
