@@ -11,6 +11,14 @@ token, source and target), peak resident memory, and model-FLOPs utilisation: th
 (forward and backward, counted by torch.utils.flop_counter) times updates/s, over the matmul peak this
 script measures on this machine for the same precision (a 2048 x 2048 x 2048 product, best of 5).
 Uses torch's default thread count unless train.threads is given; measure on an otherwise idle machine.
+
+Under torchrun it times data-parallel training (nmt-train's own, nmt.training.distributed): each of the N
+processes takes every N-th batch, an update holds N batches, and tokens/s counts all processes' tokens; the
+matmul peak is one process's (all measuring at once) times N. Two single-threaded processes, against one
+process of two threads:
+
+    torchrun --standalone --nproc_per_node 2 scripts/bench_train.py experiment=bench_rnn data.root=... \
+        train.threads=1 train.batch_tokens=2048      # the same ~4k-token update as one process's 4096
 """
 
 from __future__ import annotations
@@ -78,33 +86,41 @@ def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
         train = trainer.data.splits["train"]
         src_lens, tgt_lens = train.lengths()
         batches = token_batches(src_lens, tgt_lens, cfg.train.batch_tokens, cfg.train.seed, 0)
+        world, rank = trainer.dist.world, trainer.dist.rank
+
+        def update(position: int) -> tuple[int, int]:
+            """One update of this process's batch (every world-th from `position`); all processes' (tokens,
+            sentences)."""
+            group = [batches[(position * world + r) % len(batches)] for r in range(world)]
+            tokens = sum(tgt_lens[i] + 1 for indices in group for i in indices)  # + EOS, as nmt-train counts
+            trainer.train_step([train.batch(group[rank])], tokens)
+            return tokens, sum(len(indices) for indices in group)
+
         flops = update_flops(trainer, train.batch(batches[0]))
         flops_per_token = flops / train.batch(batches[0]).target_tokens
         position, rates, sentence_rates = 1, [], []
         for run in range(runs):
             for _ in range(warmup):
-                trainer.train_step([train.batch(batches[position % len(batches)])])
+                update(position)
                 position += 1
             tokens = sentences = 0
             start = time.perf_counter()
             for _ in range(steps):
-                indices = batches[position % len(batches)]
-                batch = train.batch(indices)
-                trainer.train_step([batch])
-                tokens += batch.target_tokens
-                sentences += len(indices)
+                counted = update(position)
+                tokens, sentences = tokens + counted[0], sentences + counted[1]
                 position += 1
             if trainer.device.type == "cuda":
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
             rates.append(tokens / elapsed)
             sentence_rates.append(sentences / elapsed)
-            print(
-                f"{precision} run {run + 1}: {tokens / elapsed:,.0f} target tokens/s, "
-                f"{sentences / elapsed:,.1f} sentences/s",
-                file=sys.stderr,
-            )
-        peak = matmul_peak(precision, trainer.device)
+            if trainer.dist.main:
+                print(
+                    f"{precision} run {run + 1}: {tokens / elapsed:,.0f} target tokens/s, "
+                    f"{sentences / elapsed:,.1f} sentences/s",
+                    file=sys.stderr,
+                )
+        peak = matmul_peak(precision, trainer.device) * world  # each process measures its own at the same time
         tokens_per_s = statistics.median(rates)
         return {
             "precision": precision,
@@ -115,7 +131,8 @@ def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
             "peak_gflops": peak / 1e9,
             "model": f"{cfg.model.arch} d{cfg.model.dim} x{cfg.model.layers}, "
             f"{sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M parameters",
-            "device": str(trainer.device),
+            "device": str(trainer.device) + (f", {world} processes (torchrun)" if world > 1 else ""),
+            "main": trainer.dist.main,
         }
 
 
@@ -129,6 +146,8 @@ def main(argv: list[str]) -> None:
     tune_allocator()  # as nmt-train does (nmt.cli.common.run)
     cfg = compose("config", overrides + ["train.progress=false"])
     results = [bench(cfg, p, args.steps, args.warmup, args.runs) for p in args.precisions.split(",")]
+    if not results[0]["main"]:
+        return
     print(
         f"\n{results[0]['model']}, batch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}, "
         f"device {results[0]['device']}"
