@@ -89,13 +89,16 @@ def candidates(logits: torch.Tensor, step: int, min_len: int, count: int) -> tup
     return native.log_softmax_topk(logits, count, banned)
 
 
-def row_argmax(x: torch.Tensor) -> torch.Tensor:
+def row_argmax(x: torch.Tensor, banned: list[int] | None = None) -> torch.Tensor:
     """x.argmax(dim=1) for a wide (R, V) x, through a fast max per block (torch's argmax on a CPU reads a
     row several times slower): the block holding a row's first largest value is the first whose maximum
-    is largest, and that value's place in the block is the first largest there. The same index as argmax."""
+    is largest, and that value's place in the block is the first largest there. The same index as argmax.
+    banned: tokens taken as -inf, x[:, banned] = -inf first (written into x where the kernels are not built)."""
     rows, width = x.shape
     if native.usable(x) and x.is_contiguous() and width:
-        return native.row_argmax(x)  # one pass per row in C (nmt.engine.native)
+        return native.row_argmax(x, banned or ())  # one pass per row in C (nmt.engine.native), x not written
+    if banned:
+        x[:, banned] = float("-inf")
     block = next((b for b in BLOCKS if width % b == 0 and width // b > 1), None)
     if block is None:
         return x.argmax(1)
@@ -110,12 +113,12 @@ def greedy_choice(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The argmax of log_probs(logits, step, min_len) and its log-probability, (B,) each, without writing the
     (B, V) log-softmax: log p(y) = logit_y - logsumexp(logits) for the same forbidden tokens. `logits` must be
-    the search's own (it is masked in place). scores=False: no log-probability (None), so no logsumexp, the
-    greater part of this function's time (the token is the same: normalising shifts a row, never reorders it)."""
+    the search's own (where the kernels are not built, the forbidden tokens are masked in place). scores=False: no
+    log-probability (None), so no logsumexp, the greater part of this function's time (the token is the same:
+    normalising shifts a row, never reorders it)."""
     logits = logits.float()
     lse = logits.logsumexp(-1) if scores else None  # (B,) over every token, as log_softmax normalises
-    logits[:, forbidden(step, min_len)] = float("-inf")
-    tokens = row_argmax(logits)
+    tokens = row_argmax(logits, forbidden(step, min_len))  # never a forbidden token: its logit is as it was
     return tokens, None if lse is None else logits.gather(1, tokens[:, None]).squeeze(1) - lse
 
 

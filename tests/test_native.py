@@ -306,6 +306,7 @@ def test_the_whole_encoder_in_one_call_equals_its_modules(precision, norm, monke
         modules = model.encoder(batch.src, batch.src_mask)["memory"]
         found2 = search.greedy_search(model, batch.src, batch.src_mask, torch.full((4,), 12))
     mask = batch.src_mask[..., None]
+    assert not whole[~batch.src_mask].any()  # padding is taken out of the layers' products: its rows are zero
     tolerance = 1e-5 if precision == "fp32" else 2e-2  # int8: a norm's last bit can move a value's quantum
     torch.testing.assert_close(whole * mask, modules * mask, rtol=0, atol=tolerance)
     if precision == "int8":  # per-row scales, exact int32 sums: a sentence's numbers do not depend on its batch
@@ -329,6 +330,37 @@ def test_row_argmax_is_torchs_argmax_first_index_on_ties(width):
     x[4, :] = float("-inf")  # every token forbidden
     assert torch.equal(native.row_argmax(x), x.argmax(1))
     assert torch.equal(search.row_argmax(x), x.argmax(1))
+
+
+@built
+@pytest.mark.parametrize("width", [1, 3, 7, 16, 8000, 8003])
+def test_row_argmax_with_banned_tokens_is_torchs_argmax_of_the_masked_row(width):
+    """Greedy search's choice: the argmax after x[:, banned] = -inf, without writing x (search.greedy_choice)."""
+    torch.manual_seed(width)
+    x = torch.randn(8, width)
+    banned = [0, 1, 2][: max(width - 1, 0)] + ([width - 1] if width > 9 else [])
+    x[1] = 3.0  # all tied: the first token not banned
+    if width > 9:
+        x[2, 1] = 50.0  # the best token banned: the best of the others
+        x[3, 0] = x[3, 5] = x[3, 6] = 40.0  # the best shared by a banned and two free places: the first free one
+        x[4, width - 1] = 60.0  # the best banned in the tail past the last 16
+    x[5, :] = float("-inf")  # every token impossible: index 0, as argmax
+    x[6, 3:] = float("-inf")  # only banned tokens finite: the masked row is all -inf, index 0
+    masked = x.clone()
+    masked[:, banned] = float("-inf")
+    before = x.clone()
+    assert torch.equal(native.row_argmax(x, banned), masked.argmax(1))
+    assert torch.equal(x, before)  # not written
+    assert torch.equal(native.row_argmax(x, []), x.argmax(1))
+    assert torch.equal(search.row_argmax(x.clone(), banned), masked.argmax(1))
+    if width > max(search.forbidden(0, 1)):
+        tokens, scores = search.greedy_choice(x.clone(), step=0, min_len=1)  # PAD, BOS and EOS forbidden
+        reference = x.clone()
+        reference[:, search.forbidden(0, 1)] = float("-inf")
+        assert torch.equal(tokens, reference.argmax(1))
+        expected = x.log_softmax(1).gather(1, tokens[:, None]).squeeze(1)  # normalised over every token
+        finite = torch.isfinite(expected)
+        assert finite.sum() >= 6 and torch.allclose(scores[finite], expected[finite], atol=1e-5)
 
 
 @built

@@ -38,6 +38,8 @@ def test_every_wrapper_refuses_what_its_kernel_would_misread():
         ),
         "unit_rows_pinned: x must be": lambda: native.unit_rows_pinned(x.t()),
         "row_argmax: x must be": lambda: native.row_argmax(x.to(torch.int64)),
+        "row_argmax: banned tokens [8]": lambda: native.row_argmax(x, [8]),
+        "row_argmax: banned tokens [-1]": lambda: native.row_argmax(x, [-1]),
         "log_softmax_topk: k=65": lambda: native.log_softmax_topk(torch.randn(2, 100), 65, []),
         "log_softmax_topk: k=9": lambda: native.log_softmax_topk(x, 9, []),
         "log_softmax_topk: k=3 for 8 tokens, 6 banned": lambda: native.log_softmax_topk(x, 3, [0, 1, 2, 3, 4, 5]),

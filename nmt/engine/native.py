@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -556,14 +557,23 @@ def _norm(fn: str, norm: tuple, dim: int) -> bool:
     return need(fn, "norm weight", norm[0]).numel() == dim and need(fn, "norm bias", norm[1]).numel() == dim
 
 
-def row_argmax(x: torch.Tensor) -> torch.Tensor:
-    """x (R, V) fp32 contiguous -> (R,) int64: x.argmax(1) in one pass per row (rows without NaN)."""
+def row_argmax(x: torch.Tensor, banned: Sequence[int] = ()) -> torch.Tensor:
+    """x (R, V) fp32 contiguous -> (R,) int64: x.argmax(1) in one pass per row (rows without NaN), with the tokens in
+    `banned` taken as -inf (the argmax of x after x[:, banned] = -inf, without writing x)."""
     rows, width = need("row_argmax", "x", x, dims=2).shape
     if not (width >= 1):
         fail("row_argmax", "x: expected at least one column")
+    ban = _banned(tuple(banned))
     out = torch.empty(rows, dtype=torch.int64)
-    library().row_argmax(x.data_ptr(), rows, width, out.data_ptr())
+    if library().row_argmax(x.data_ptr(), rows, width, ban.data_ptr(), ban.numel(), out.data_ptr()) == OUT_OF_BOUNDS:
+        raise ValueError(f"native.row_argmax: banned tokens {list(banned)}: expected tokens in [0, {width})")
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _banned(tokens: tuple[int, ...]) -> torch.Tensor:
+    """A search's banned tokens as the kernels read them (int64), made once per set (every step passes one)."""
+    return torch.tensor(tokens, dtype=torch.int64)
 
 
 def log_softmax_topk(x: torch.Tensor, k: int, banned: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

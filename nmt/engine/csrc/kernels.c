@@ -796,30 +796,54 @@ int layer_step(const Layer8 *L, float *x, int64_t rows, float *keys, float *valu
                       cbias, sentences, weights, scratch, anc, anc_stride, cslots);
 }
 
-/* EncoderLayer.forward of a decoding copy: x (B * L, H) updated in place; bias (B, L) 0 where a key may be
-   attended, -inf at padding; the layer's linears are linear[0] (qkv), [1] (out), [4] and [5] (feed-forward), its
-   norms [0] and [2] (`encoder8`, `encoder32`). scratch as layer_body's. */
-static int encoder_body(const LayerHead *L, LayerLinear linear, const void *layer, float *x, int64_t sentences,
-                         int64_t length, const float *bias, float *scratch) {
+/* Rows of a (R, width) matrix moved between the padded layout (row keep[i] of R) and the packed one (row i, the
+   first n), in place: keep ascending, so keep[i] >= i and packing reads ahead of where it writes, unpacking (from
+   the last row back) writes ahead of where it reads. Unpacking sets the padded rows to zero. */
+static void pack_rows(float *m, int64_t width, const int64_t *keep, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        if (keep[i] != i) __builtin_memcpy(m + i * width, m + keep[i] * width, width * sizeof(float));
+}
+
+static void unpack_rows(float *m, int64_t width, const int64_t *keep, int64_t n, int64_t rows) {
+    int64_t next = rows;  /* rows from here on are placed */
+    for (int64_t i = n - 1; i >= 0; --i) {
+        for (int64_t r = keep[i] + 1; r < next; ++r) __builtin_memset(m + r * width, 0, width * sizeof(float));
+        if (keep[i] != i) __builtin_memcpy(m + keep[i] * width, m + i * width, width * sizeof(float));
+        next = keep[i];
+    }
+    for (int64_t r = 0; r < next; ++r) __builtin_memset(m + r * width, 0, width * sizeof(float));
+}
+
+/* EncoderLayer.forward of a decoding copy on the n real positions of a padded batch: x (n, H) packed (row i is
+   position keep[i] of the (B * L) padded rows), updated in place; bias (B, L) 0 where a key may be attended, -inf
+   at padding; the layer's linears are linear[0] (qkv), [1] (out), [4] and [5] (feed-forward), its norms [0] and
+   [2] (`encoder8`, `encoder32`). scratch as layer_body's for B * L rows. Every product, norm and residual reads
+   and writes the n real rows only (padding's rows are never an output, and each row's numbers do not depend on
+   the rows beside it); attention alone takes the padded layout, its keys and values at padding zero (masked by
+   bias). keep NULL: no padding, n = B * L. */
+static int encoder_body(const LayerHead *L, LayerLinear linear, const void *layer, float *x, int64_t n,
+                         const int64_t *keep, int64_t sentences, int64_t length, const float *bias, float *scratch) {
     int64_t H = L->dim, N = L->heads, D = L->head_dim, rows = sentences * length;
     float *h = scratch, *att = h + rows * H, *tmp = att + rows * H, *big = tmp + rows * H;
     for (int block = 0; block < 3; block += 2) {
         const float *in = x;
         if (L->pre) {
-            layer_norm(x, rows, H, L->norm_w[block], L->norm_b[block], L->eps[block], h);
+            layer_norm(x, n, H, L->norm_w[block], L->norm_b[block], L->eps[block], h);
             in = h;
         }
         if (block == 0) {
-            linear(layer, 0, in, rows, big, 0, 0, tmp);  /* (B * L, 3H): each sentence's keys read in place */
+            linear(layer, 0, in, n, big, 0, 0, tmp);  /* (n, 3H), then (B * L, 3H): each sentence's keys read in place */
+            if (keep) unpack_rows(big, 3 * H, keep, n, rows);
             if (attend(big, rows, N, D, 3 * H, length, big + H, big + 2 * H, length * 3 * H, D, 3 * H, length,
                        bias, length, L->self_scale, att, 0, 0) != NMT_DONE)
                 return NMT_NO_MEMORY;
-            linear(layer, 1, att, rows, x, 0, 1, tmp);
+            if (keep) pack_rows(att, H, keep, n);
+            linear(layer, 1, att, n, x, 0, 1, tmp);
         } else {
-            linear(layer, 4, in, rows, big, 1, 0, tmp);
-            linear(layer, 5, big, rows, x, 0, 1, tmp);
+            linear(layer, 4, in, n, big, 1, 0, tmp);
+            linear(layer, 5, big, n, x, 0, 1, tmp);
         }
-        if (!L->pre) layer_norm(x, rows, H, L->norm_w[block], L->norm_b[block], L->eps[block], x);
+        if (!L->pre) layer_norm(x, n, H, L->norm_w[block], L->norm_b[block], L->eps[block], x);
     }
     return NMT_DONE;
 }
@@ -840,8 +864,9 @@ static int embed_rows(const int64_t *tokens, int64_t rows, const float *embed, i
 
 /* TransformerEncoder.forward of a decoding copy in one call: tokens (B, L) -> x (B * L, H), embedded (pe: (L, H)),
    through the n layers (encoder_body; linear8's products where int8 is set), then the final norm (norm_w NULL:
-   none). Returns 1; 0 where this build has no int8 kernel and the int8 reference is off (doing nothing); -1 for a
-   token outside [0, vocab). */
+   none). A batch's padding (bias -inf) is taken out of every layer's products: its positions' rows of x are
+   zero. Returns 1; 0 where this build has no int8 kernel and the int8 reference is off (doing nothing); -1 for a
+   token outside [0, vocab); NMT_NO_MEMORY. */
 int encoder_forward(const void *const *layers, int64_t n, int int8, const int64_t *tokens, const float *embed,
                     int64_t vocab, float scale, const float *pe, float *x, int64_t sentences, int64_t length,
                     const float *bias, float *scratch, const float *norm_w, const float *norm_b, float norm_eps) {
@@ -853,14 +878,28 @@ int encoder_forward(const void *const *layers, int64_t n, int int8, const int64_
         linear = linear8;
     }
     const LayerHead *head = (const LayerHead *)layers[0];
-    int64_t H = head->dim, rows = sentences * length;
+    int64_t H = head->dim, rows = sentences * length, real = 0;
     if (embed_rows(tokens, rows, embed, vocab, H, scale, pe, length, x)) return -1;
-    for (int64_t l = 0; l < n; ++l)
-        if (encoder_body((const LayerHead *)layers[l], linear, layers[l], x, sentences, length, bias, scratch) !=
-            NMT_DONE)
-            return NMT_NO_MEMORY;
-    if (norm_w) layer_norm(x, rows, H, norm_w, norm_b, norm_eps, x);
-    return 1;
+    for (int64_t r = 0; r < rows; ++r) real += bias[r] > -INFINITY;
+    int64_t *keep = 0;
+    if (real < rows) {
+        keep = (int64_t *)malloc((size_t)(real > 0 ? real : 1) * sizeof(int64_t));
+        if (!keep) return NMT_NO_MEMORY;
+        for (int64_t r = 0, i = 0; r < rows; ++r)
+            if (bias[r] > -INFINITY) keep[i++] = r;
+        pack_rows(x, H, keep, real);
+    }
+    int code = 1;
+    for (int64_t l = 0; l < n && code == 1; ++l)
+        if (encoder_body((const LayerHead *)layers[l], linear, layers[l], x, real, keep, sentences, length, bias,
+                         scratch) != NMT_DONE)
+            code = NMT_NO_MEMORY;
+    if (code == 1 && norm_w) layer_norm(x, real, H, norm_w, norm_b, norm_eps, x);
+    if (keep) {
+        if (code == 1) unpack_rows(x, H, keep, real, rows);
+        free(keep);
+    }
+    return code;
 }
 
 /* TransformerDecoder.prefill of one position per row with every layer in one call (`decoder_step`): x (R, H) = each
@@ -916,8 +955,22 @@ static float row_max(const float *x, int64_t width) {
     return m;
 }
 
-/* out (R,) int64: each row's index of its first largest value (torch's argmax for rows without NaN). */
-void row_argmax(const float *x, int64_t rows, int64_t width, int64_t *out) {
+/* Whether token i is one of the nbanned in `banned`. */
+static inline int is_banned(int64_t i, const int64_t *banned, int64_t nbanned) {
+    for (int64_t b = 0; b < nbanned; ++b)
+        if (banned[b] == i) return 1;
+    return 0;
+}
+
+/* out (R,) int64: each row's index of its first largest value with the tokens in `banned` (nbanned of them, each in
+   [0, width)) taken as -inf: torch's argmax of the row after x[:, banned] = -inf, for rows without NaN, without
+   writing the row. One vector pass finds the row's maximum and its first place; only where that place is banned
+   (the model's best token is one no output may hold) or the row is all -inf does a second pass read the row token by
+   token. Returns NMT_OUT_OF_BOUNDS (writing nothing) for a banned token outside the row, else NMT_DONE. */
+int row_argmax(const float *x, int64_t rows, int64_t width, const int64_t *banned, int64_t nbanned, int64_t *out) {
+    if (width < 1 || nbanned < 0) return NMT_OUT_OF_BOUNDS;
+    for (int64_t b = 0; b < nbanned; ++b)
+        if (banned[b] < 0 || banned[b] >= width) return NMT_OUT_OF_BOUNDS;
 #pragma omp parallel for schedule(static) if (rows * width >= (1 << 18))
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * width;
@@ -931,8 +984,23 @@ void row_argmax(const float *x, int64_t rows, int64_t width, int64_t *out) {
         }
 #endif
         while (at < width && !(xr[at] == m)) ++at;
-        out[r] = at < width ? at : 0;
+        if (at < width && m > -INFINITY && !is_banned(at, banned, nbanned)) {
+            out[r] = at;  /* the first place of the row's maximum, and not banned: the masked row's first maximum */
+            continue;
+        }
+        /* the masked row token by token: its first largest value (index 0 where every value is -inf, as argmax) */
+        int64_t best = 0;
+        float top = is_banned(0, banned, nbanned) ? -INFINITY : xr[0];
+        for (int64_t i = 1; i < width; ++i) {
+            float v = is_banned(i, banned, nbanned) ? -INFINITY : xr[i];
+            if (v > top) {
+                top = v;
+                best = i;
+            }
+        }
+        out[r] = best;
     }
+    return NMT_DONE;
 }
 
 /* Each row's k best log-probabilities and their tokens, without writing the row's log-softmax: values (R, k) =

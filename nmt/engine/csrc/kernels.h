@@ -92,7 +92,7 @@ int decoder_step(const void *const *layers, int64_t n, int int8, const int64_t *
                  const float *const *cv, int64_t width, const float *cbias, int64_t sentences, float *weights,
                  float *scratch, const int64_t *anc, int64_t anc_stride, const int64_t *cslots, const float *norm_w,
                  const float *norm_b, float norm_eps, float *attn, int64_t src_width);
-void row_argmax(const float *x, int64_t rows, int64_t width, int64_t *out);
+int row_argmax(const float *x, int64_t rows, int64_t width, const int64_t *banned, int64_t nbanned, int64_t *out);
 int log_softmax_topk(const float *x, int64_t rows, int64_t width, int64_t k, const int64_t *banned,
                       int64_t nbanned, float *values, int64_t *index);
 void dequantize(const int32_t *p, int64_t rows, int64_t width, const float *row_scale, const float *col_scale,
