@@ -160,3 +160,15 @@ def test_two_processes_reach_the_parameters_of_one_with_the_same_global_batch(to
     assert (
         results["world_size"] == 2 and len((tmp_path / "two" / "train.log").read_text().split("model: ")) == 2
     )  # rank 0 writes alone
+
+
+def test_the_oversubscription_warning_counts_the_runs_own_processes_out_of_the_load():
+    """The 1-minute load average includes this run's own processes: two single-threaded torchrun ranks on 2 cores,
+    or one process of 2 threads whose data preparation kept one core busy, are not others' work."""
+    from nmt.training.trainer import oversubscribed
+
+    assert not oversubscribed(cores=2, threads=1, processes=2, load=2.0)  # torchrun, train.threads=1
+    assert not oversubscribed(cores=2, threads=2, processes=1, load=1.0)  # its own data preparation
+    assert oversubscribed(cores=2, threads=2, processes=1, load=2.0)  # another job on the other core
+    assert oversubscribed(cores=2, threads=2, processes=2, load=0.0)  # 4 threads on 2 cores
+    assert not oversubscribed(cores=2, threads=1, processes=1, load=3.0)  # one thread never spin-waits

@@ -18,6 +18,7 @@ fails the others stop with rank 0's own one-line error instead of waiting for a 
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 import uuid
@@ -138,10 +139,11 @@ class Distributed:
         from torch.nn.parallel import DistributedDataParallel
 
         # The models' buffers are constants (the Transformer's sinusoid table), the same on every process from the
-        # start: DDP need not broadcast them before every forward pass.
-        return DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
-        )
+        # start: DDP need not broadcast them before every forward pass (forward_sync_buffers=False where torch has
+        # it; its older name, broadcast_buffers, warns as deprecated from torch 2.13 on).
+        newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        no_sync = {"forward_sync_buffers" if newer else "broadcast_buffers": False}
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **no_sync)
 
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         """Element-wise sum over processes."""

@@ -46,6 +46,15 @@ from nmt.training.validation import Validation
 from nmt.translation import Translator, decode_settings
 
 
+def oversubscribed(cores: int, threads: int, processes: int, load: float) -> bool:
+    """Whether `processes` training processes of `threads` threads each are too many for `cores` cores with a
+    1-minute load average of `load`: more threads than cores, or several threads each while other work keeps the
+    cores busy. The load average counts this run's own processes (each at most one runnable thread while it
+    prepares its data), so only what is above them is others' work."""
+    total, others = threads * processes, max(0.0, load - processes)
+    return total > cores or (threads > 1 and others + total > cores + 0.5)
+
+
 class Trainer(CheckpointState, Validation, DataPosition):
     """Trains cfg.model on cfg.data into run_dir.
 
@@ -154,12 +163,10 @@ class Trainer(CheckpointState, Validation, DataPosition):
 
     def _warn_oversubscribed(self) -> None:
         """Two torch processes with several threads each on the same cores slow each other many times over."""
-        cores, threads = (
-            os.cpu_count() or 1,
-            torch.get_num_threads() * (self.dist.world if self.device.type == "cpu" else 1),
-        )
+        processes = self.dist.world if self.device.type == "cpu" else 1
+        cores, threads = os.cpu_count() or 1, torch.get_num_threads() * processes
         busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        if self.device.type == "cpu" and (threads > cores or (threads > 1 and busy + threads > cores + 0.5)):
+        if self.device.type == "cpu" and oversubscribed(cores, torch.get_num_threads(), processes, busy):
             self.log(
                 f"warning: {threads} training threads on {cores} cores with a load average of {busy:.1f}: other "
                 "processes share the CPU and OpenMP threads will wait on each other; "
