@@ -169,9 +169,14 @@ class Model:
         from nmt.engine.native import describe
 
         native = describe() if self.device.type == "cpu" else "none (not a CPU)"
+        product = ""
+        if self.device.type == "cpu" and self.decode.precision == "fp32":
+            from nmt.engine.onednn import fp32_backend
+
+            product = f" on {fp32_backend()} products"  # which fp32 linear the decoding copy runs (NMT_FP32_GEMM)
         return (
             f"nmt.Model({self.source!r}, arch={m.arch}, step={self.loaded.step}, device={self.device}, "
-            f"{self.decode.precision}, native={native})"
+            f"{self.decode.precision}{product}, native={native})"
         )
 
     def settings(self, **overrides: Any) -> DecodeConfig:

@@ -44,6 +44,10 @@ def test_load_and_translate_as_the_snippet_does(trained, toy_dir):
     assert isinstance(attention, np.ndarray) and attention.shape[1] == len(rich[0].source_tokens)
     np.testing.assert_allclose(attention.sum(1), 1.0, atol=1e-4)
     assert "nmt.Model(" in repr(model)
+    if model.decode.precision == "fp32" and model.device.type == "cpu":  # which fp32 product decodes, by name
+        from nmt.engine.onednn import fp32_backend
+
+        assert f"fp32 on {fp32_backend()} products" in repr(model)
     # greedy: texts alone skip the scores (decode.scores unset), a Result has them, the text is the same
     greedy = model.translate(lines[:3], rich=True)
     assert [r.text for r in greedy] == model.translate(lines[:3]) and all(np.isfinite(r.scores[0]) for r in greedy)
