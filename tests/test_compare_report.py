@@ -234,3 +234,37 @@ def test_order_changes_are_listed_only_between_variants_that_are_apart():
     assert [(c["passes"], c["passed"], c["from"], c["to"]) for c in changes] == [("c", "d", 50, 125)]
     assert changes[0]["before"] == (10.0, 12.0) and changes[0]["after"] == (15.0, 11.0)
     assert len(order_changes(tables, gap=0.0)) == 2  # every swap when asked for
+
+
+def test_under_an_update_budget_only_precision_and_batching_make_runs_unlike():
+    """Runs of one update budget trained on two CPUs, or with other threads, did the same updates: the headline
+    says so and flags nothing; another precision is flagged. Under a time budget the CPU is flagged too."""
+    from pathlib import Path
+
+    from nmt.compare.collect import RunRecord
+    from nmt.compare.markdown import headline
+    from nmt.compare.summary import SCORES, consistency, differences
+
+    def run(seed: int, cpu: str, precision: str = "fp32", threads: int = 1) -> RunRecord:
+        evaluation = {
+            "tokenizer_sha256": "t",
+            "test_sha256": "s",
+            "decode": "greedy",
+            "scores": {m: {"score": 1.0, "signature": "sig"} for m in SCORES},
+        }
+        part = {"threads": threads, "precision": precision, "batch_tokens": 1024, "accumulate": 1, "cpu": cpu}
+        return RunRecord("A", seed, Path("/nonexistent"), results={}, evaluation=evaluation, hyps=[], conditions=[part])
+
+    two_cpus = [run(1, "AMD EPYC"), run(2, "Intel Xeon", threads=2), run(3, "Intel Xeon"), run(5, "Intel Xeon")]
+    check = consistency(two_cpus, updates=True)
+    assert differences(check) == [] and check["other_conditions"] == []
+    assert check["speed_other_conditions"] == ["A seed 1", "A seed 2"]
+    line = headline({"consistency": check})
+    assert "every finished run used the same" in line and "AMD EPYC, Intel Xeon" in line and "**" not in line
+    by_time = consistency(two_cpus, updates=False)
+    assert differences(by_time) == ["training conditions (threads, precision, batching, runs side by side, CPU)"]
+    bf16 = consistency([*two_cpus, run(4, "Intel Xeon", precision="bf16")], updates=True)
+    assert differences(bf16) == ["training conditions (precision, batching)"] and bf16["other_conditions"] == [
+        "A seed 4"
+    ]
+    assert headline({"consistency": bf16}).startswith("**The finished runs differ in: training conditions")

@@ -554,13 +554,23 @@ def how_computed(plan: CompareConfig, summary: dict, test: TestData, metric: str
 
 def headline(summary: dict) -> str:
     """The fairness sentence, only as far as the runs' files show it."""
-    differ = differences(summary["consistency"])
+    check = summary["consistency"]
+    differ = differences(check)
+    speed = ""
+    if check.get("updates") and len(check.get("speed_conditions") or []) > 1:
+        cpus = sorted({str(c.get("cpu")) for c in check["speed_conditions"]})
+        speed = (
+            f" They trained under {len(check['speed_conditions'])} sets of speed conditions (threads, runs side by "
+            f"side, device, CPU: {', '.join(cpus)}), which under an update budget change the train time columns, "
+            "not what was trained (the same updates on the same batches; only float rounding differs between CPUs)."
+        )
     if not differ:
+        trained = "training conditions (precision, batching)" if check.get("updates") else "training conditions"
         return (
             "Checked from the runs' files: every finished run used the same tokenizer, test set, training budget, "
-            "training conditions and decoding settings."
+            f"{trained} and decoding settings." + speed
         )
-    return f"**The finished runs differ in: {', '.join(differ)}** (see How each number was computed)."
+    return f"**The finished runs differ in: {', '.join(differ)}** (see How each number was computed)." + speed
 
 
 def how_to_read(summary: dict) -> str:
@@ -637,12 +647,30 @@ def markdown_report(
         *[f"- **Note**: {note}." for note in summary["bootstrap"]["notes"]],
         *(
             [
-                "- **Note**: these runs trained under other conditions than the rest (threads, precision, batching, "
-                "runs side by side or the host's CPU; `RUN/conditions.json`): "
-                f"{', '.join(summary['consistency']['other_conditions'])}; "
-                "their speed and budget are not comparable."
+                (
+                    "- **Note**: these runs trained with another precision or batching than the rest "
+                    "(`RUN/conditions.json`): "
+                    if summary["consistency"].get("updates")
+                    else "- **Note**: these runs trained under other conditions than the rest (threads, precision, "
+                    "batching, runs side by side or the host's CPU; `RUN/conditions.json`): "
+                )
+                + f"{', '.join(summary['consistency']['other_conditions'])}; "
+                + (
+                    "their updates are not the others'."
+                    if summary["consistency"].get("updates")
+                    else "their speed and budget are not comparable."
+                )
             ]
             if summary["consistency"]["other_conditions"]
+            else []
+        ),
+        *(
+            [
+                "- **Note**: these runs trained with other threads, beside other runs or on another CPU than the "
+                f"rest (`RUN/conditions.json`): {', '.join(summary['consistency']['speed_other_conditions'])}; "
+                "under the update budget their scores are comparable, their train times are not."
+            ]
+            if summary["consistency"].get("speed_other_conditions")
             else []
         ),
         "",

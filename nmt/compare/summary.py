@@ -304,26 +304,40 @@ CONDITIONS = (
     "device",
     "cpu",
 )  # how a run trained
+TRAINED = ("precision", "batch_tokens", "accumulate")  # the conditions that change what an update computes: under an
+# update budget the others (threads, runs side by side, device, CPU, the clock) change a run's speed, not what it
+# trained (the same updates on the same batches; only float rounding can differ between CPUs)
 
 
-def run_conditions(run: RunRecord) -> list[tuple]:
-    """The training conditions of each part of a run (a resumed run has several): RUN/conditions.json,
-    else results.json."""
+def run_conditions(run: RunRecord, keys: tuple[str, ...] = CONDITIONS) -> list[tuple]:
+    """The training conditions (`keys` of them) of each part of a run (a resumed run has several):
+    RUN/conditions.json, else results.json."""
     results = run.results or {}
     parts = run.conditions or [{"threads": results.get("threads"), "precision": results.get("precision")}]
     # Records from before the precision was resolved say `auto`: results.json says what it became.
     parts = [{**p, "precision": results.get("precision", "auto")} if p.get("precision") == "auto" else p for p in parts]
-    return [tuple(part.get(key) for key in CONDITIONS) for part in parts]
+    return [tuple(part.get(key) for key in keys) for part in parts]
 
 
-def consistency(runs: list[RunRecord], extended: dict[str, int] | None = None) -> dict:
+def _odd_ones(done: list[RunRecord], keys: tuple[str, ...]) -> tuple[list[tuple], list[str]]:
+    """The distinct conditions (`keys`) of the runs' parts, and the runs with a part unlike the most common."""
+    conditions = sorted({c for r in done for c in run_conditions(r, keys)}, key=str)
+    usual = max(conditions, key=lambda c: sum(c in run_conditions(r, keys) for r in done)) if conditions else None
+    odd = [f"{r.variant} seed {r.seed}" for r in done if any(c != usual for c in run_conditions(r, keys))]
+    return conditions, odd
+
+
+def consistency(runs: list[RunRecord], extended: dict[str, int] | None = None, updates: bool = False) -> dict:
     """What must be equal across the finished runs for the comparison to be fair, with the values found. A variant
-    in `extended` (variant -> its longer train.max_steps) had the shared budget in its first part."""
+    in `extended` (variant -> its longer train.max_steps) had the shared budget in its first part. updates: the
+    budget is a number of updates, so only the conditions in TRAINED must be equal ("conditions"); the others
+    ("speed_conditions") change the runs' speed columns, not their scores."""
     extended = extended or {}
     done = [r for r in runs if r.finished]
     found = lambda get: sorted({get(r) for r in done}, key=str)  # noqa: E731
-    conditions = sorted({c for r in done for c in run_conditions(r)}, key=str)
-    usual = max(conditions, key=lambda c: sum(c in run_conditions(r) for r in done)) if conditions else None
+    conditions, other = _odd_ones(done, TRAINED if updates else CONDITIONS)
+    speed, speed_other = _odd_ones(done, tuple(k for k in CONDITIONS if k not in TRAINED)) if updates else ([], [])
+    speed_keys = [k for k in CONDITIONS if k not in TRAINED]
     shared = {r.config.train.max_steps for r in done if r.config and r.variant not in extended}
 
     def steps(r: RunRecord) -> int:
@@ -342,8 +356,11 @@ def consistency(runs: list[RunRecord], extended: dict[str, int] | None = None) -
                 else None
             )
         ),
-        "conditions": [dict(zip(CONDITIONS, c)) for c in conditions],
-        "other_conditions": [f"{r.variant} seed {r.seed}" for r in done if any(c != usual for c in run_conditions(r))],
+        "conditions": [dict(zip(TRAINED if updates else CONDITIONS, c)) for c in conditions],
+        "other_conditions": other,
+        "speed_conditions": [dict(zip(speed_keys, c)) for c in speed],
+        "speed_other_conditions": speed_other,
+        "updates": updates,
     }
 
 
@@ -354,7 +371,9 @@ def differences(check: dict) -> list[str]:
         "test_sha256": "test set",
         "decode": "decoding settings",
         "budget": "training budget",
-        "conditions": "training conditions (threads, precision, batching, runs side by side, CPU)",
+        "conditions": "training conditions ("
+        + ("precision, batching" if check.get("updates") else "threads, precision, batching, runs side by side, CPU")
+        + ")",
     }
     return [label for key, label in names.items() if len(check[key]) > 1]
 
@@ -393,5 +412,5 @@ def summarize(
         "variants": variants,
         "length_buckets": [{"words": label, "sentences": len(lines)} for label, lines in buckets],
         "bootstrap": {"samples": samples, "seed": seed, "alpha": ALPHA, "min_seeds": MIN_SEEDS, "notes": tests.notes},
-        "consistency": consistency([r for group in runs.values() for r in group], extended),
+        "consistency": consistency([r for group in runs.values() for r in group], extended, budget_steps is not None),
     }
