@@ -307,6 +307,7 @@ CONDITIONS = (
 TRAINED = ("precision", "batch_tokens", "accumulate")  # the conditions that change what an update computes: under an
 # update budget the others (threads, runs side by side, device, CPU, the clock) change a run's speed, not what it
 # trained (the same updates on the same batches; only float rounding can differ between CPUs)
+SPEED = tuple(key for key in CONDITIONS if key not in TRAINED)  # the conditions that change only a run's speed
 
 
 def run_conditions(run: RunRecord, keys: tuple[str, ...] = CONDITIONS) -> list[tuple]:
@@ -336,8 +337,7 @@ def consistency(runs: list[RunRecord], extended: dict[str, int] | None = None, u
     done = [r for r in runs if r.finished]
     found = lambda get: sorted({get(r) for r in done}, key=str)  # noqa: E731
     conditions, other = _odd_ones(done, TRAINED if updates else CONDITIONS)
-    speed, speed_other = _odd_ones(done, tuple(k for k in CONDITIONS if k not in TRAINED)) if updates else ([], [])
-    speed_keys = [k for k in CONDITIONS if k not in TRAINED]
+    speed, speed_other = _odd_ones(done, SPEED) if updates else ([], [])
     shared = {r.config.train.max_steps for r in done if r.config and r.variant not in extended}
 
     def steps(r: RunRecord) -> int:
@@ -358,7 +358,7 @@ def consistency(runs: list[RunRecord], extended: dict[str, int] | None = None, u
         ),
         "conditions": [dict(zip(TRAINED if updates else CONDITIONS, c)) for c in conditions],
         "other_conditions": other,
-        "speed_conditions": [dict(zip(speed_keys, c)) for c in speed],
+        "speed_conditions": [dict(zip(SPEED, c)) for c in speed],
         "speed_other_conditions": speed_other,
         "updates": updates,
     }
