@@ -40,7 +40,15 @@ def fixture_run(folder, seed, hyps, bleu_offset=0.0):
     (folder / "config.yaml").write_text(config_to_yaml(Config(data=DataConfig(train="t"))))
     scores = {m: corpus_score(m, hyps, REF) for m in ("bleu", "chrf", "ter", "bleu_lc")}
     (folder / "results.json").write_text(
-        json.dumps({"steps": 4, "wall_s": 40.0 + 2 * seed, "train_tokens_per_s": 1000.0 * seed, "timed_out": False})
+        json.dumps(
+            {
+                "steps": 4,
+                "wall_s": 40.0 + 2 * seed,
+                "train_cpu_s": 30.0 + 2 * seed,  # the run waited for cores or was paused: wall above CPU time
+                "train_tokens_per_s": 1000.0 * seed,
+                "timed_out": False,
+            }
+        )
     )
     evaluation = {
         "checkpoint_step": 4,
@@ -111,9 +119,12 @@ def test_tables_come_from_the_runs(out):
     mean, std = sum(bleu) / 2, abs(bleu[0] - bleu[1]) / 2**0.5
     assert good[1] == f"{mean:.1f} ± {std:.1f}"
     assert good[9] == "0.350 ± 0.071"  # AER of seeds 1 and 2: 0.3, 0.4
-    assert (
-        good[12] == "43s"
-    )  # the mean of wall_s 42 and 44 (results.json files without train_s), as nmt-train prints it
+    # Under the (default) update budget the time column is training's CPU time (32 and 34 s), not its wall time
+    # (42 and 44 s: wall_s of results.json files without train_s), which counts waiting for cores and pauses
+    assert good[12] == "33s" and "| updates | train CPU time |" in report
+    every_run = report.split("## Every run")[1].split("\n\n")[1].splitlines()
+    cells = {tuple(line.strip("|").split("|")[k].strip() for k in (0, 1)): line for line in every_run[2:]}
+    assert [c.strip() for c in cells[("good", "2")].strip("|").split("|")][9] == "34s"
     base_bleu = [
         json.loads((out / "runs" / "base" / f"seed{s}" / "eval.json").read_text())["scores"]["bleu"]["score"]
         for s in (1, 2)

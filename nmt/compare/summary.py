@@ -274,7 +274,10 @@ def variant_summary(
         "decode_sentences_per_s": spread([e["sentences_per_s"] for e in clean_evals]),
         "decode_sentences_per_cpu_s": spread([e.get("sentences_per_cpu_s") for e in clean_evals]),
         "train_tokens_per_cpu_s": spread(
-            [r["train_tokens"] / r["train_cpu_s"] if r.get("train_cpu_s") else None for r in clean]
+            [
+                r["train_tokens"] / r["train_cpu_s"] if r.get("train_cpu_s") and "train_tokens" in r else None
+                for r in clean
+            ]
         ),
         "contention": {
             "values": [ratio for _, ratio in ratios],
