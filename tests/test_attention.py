@@ -283,3 +283,25 @@ def test_hard_attention_gradient_is_the_gumbel_softmax_relaxations():
     torch.testing.assert_close(query.grad[0, 0], by_formula @ keys[0])  # scores_s = q . k_s
     soft = torch.softmax(scores, -1)  # the gradient soft attention would give instead
     assert not torch.allclose(query.grad[0, 0], (soft * (w - (soft * w).sum())) @ keys[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("window", ["global", "local_p"])
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_under_bf16_autocast_the_context_is_summed_from_the_fp32_values(window, kind):
+    """The weighted sum c_t = sum_s a_t(s) v_s stays in the values' dtype under autocast: the encoder's fp32 memory
+    is not rounded to bf16 (nor cast again at every decoder step), and its gradient adds up in fp32."""
+    torch.manual_seed(0)
+    attention = make_attention("general", 8, 8, 8, window=window, window_size=2, kind=kind).eval()
+    query, values = torch.randn(3, 4, 8), (torch.randn(3, 9, 8) * 1.001).requires_grad_()
+    mask, steps = torch.ones(3, 9, dtype=torch.bool), torch.arange(4).expand(3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        prepared = attention.prepare(values)
+        context, weights = attention(query, prepared, values, mask, steps)
+    assert context.dtype == torch.float32
+    torch.testing.assert_close(context, weights.float() @ values, rtol=1e-6, atol=1e-6)  # not values.bfloat16()
+    assert not torch.allclose(weights.float() @ values.bfloat16().float(), context, rtol=1e-6, atol=1e-6)
+    context.sum().backward()
+    assert values.grad.dtype == torch.float32
+    # without autocast: the plain product
+    plain, plain_weights = attention(query, prepared.float(), values, mask, steps)
+    torch.testing.assert_close(plain, plain_weights @ values)

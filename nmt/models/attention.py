@@ -51,6 +51,24 @@ def masked_log_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Ten
     return scores.masked_fill(~allowed, float("-inf")).log_softmax(-1)
 
 
+def weighted_sum(
+    weights: torch.Tensor,
+    values: torch.Tensor,
+    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.matmul,
+) -> torch.Tensor:
+    """c_t = sum_s a_t(s) v_s, `combine(weights, values)`, in the values' dtype even under autocast.
+
+    Autocast would cast the values (the encoder's fp32 memory, (B, S, H)) to bf16 at every decoder step and the
+    gradient back at every step of the backward pass: 2 of the 3 largest copies of a bf16 RNN update, for a product
+    (one query row per sentence) too small to run faster in bf16. In fp32 the weights (B, T, S) are cast instead,
+    and the memory's gradient adds up over the steps in fp32. Without autocast, `combine(weights, values)`.
+    """
+    if not torch.is_autocast_enabled(values.device.type):
+        return combine(weights, values)
+    with torch.autocast(values.device.type, enabled=False):
+        return combine(weights.to(values.dtype), values)
+
+
 class Attention(nn.Module):
     """The base: masking, softmax and the weighted sum. Subclasses write `prepare` and `score`, and may write
     `score_window` (a local window's scores; dot and general read each query's W keys without gathering them)."""
@@ -88,7 +106,7 @@ class Attention(nn.Module):
         """Context c_t (B, T, H) and weights a_t (B, T, S) (None unless need_weights) for queries (B, T, Q)
         over values (B, S, H)."""
         weights = self.log_weights(query, prepared, mask, steps).exp()  # (B, T, S)
-        return weights @ values, weights if need_weights else None
+        return weighted_sum(weights, values), weights if need_weights else None
 
 
 class Additive(Attention):
@@ -256,7 +274,7 @@ class LocalWindow(Attention):
         scattered into zeros, only if need_weights."""
         log_window, source = self.window(query, prepared, mask, self.positions(query, mask, steps))
         window = log_window.exp()  # (B, T, W)
-        context = window_sum(window, values, source)  # (B, T, H)
+        context = weighted_sum(window, values, lambda w, v: window_sum(w, v, source))  # (B, T, H)
         if not need_weights:
             return context, None
         return context, window.new_zeros(*source.shape[:2], mask.size(1)).scatter(-1, source, window)  # (B, T, S)
@@ -330,7 +348,7 @@ class HardAttention(Attention):
         log_a = self.log_weights(query, prepared, mask, steps)  # (B, T, S), -inf where not allowed
         if not self.training:
             weights = torch.zeros_like(log_a).scatter_(-1, log_a.argmax(-1, keepdim=True), 1.0)
-            return weights @ values, weights if need_weights else None
+            return weighted_sum(weights, values), weights if need_weights else None
         exp_noise = (
             torch.empty_like(log_a).exponential_().clamp_min(torch.finfo(log_a.dtype).tiny)
         )  # E ~ Exp(1), never 0
@@ -338,7 +356,7 @@ class HardAttention(Attention):
         soft = ((log_a + gumbel) / self.tau).softmax(-1)  # (B, T, S)
         hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
         weights = hard - soft.detach() + soft  # straight-through: one-hot forward, relaxed gradient
-        return weights @ values, weights if need_weights else None
+        return weighted_sum(weights, values), weights if need_weights else None
 
 
 # name -> builder(query_dim, key_dim, attn_dim, max_positions)

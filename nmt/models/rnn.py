@@ -190,8 +190,8 @@ class RNNDecoder(nn.Module):
         state = self.init_state(enc)
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
         features, attn = [], []
-        for t in range(tgt_in.size(1)):
-            out, state, weights = self.advance(emb[:, t], enc, state, need_attn)
+        for emb_t in emb.unbind(1):  # (B, E) each; one backward for all (emb[:, t] zero-filled a (B, T, E) per step)
+            out, state, weights = self.advance(emb_t, enc, state, need_attn)
             features.append(out)
             attn.append(weights)
         return torch.stack(features, 1), torch.stack(attn, 1) if need_attn else None
