@@ -1,7 +1,8 @@
 """Recurrent encoder-decoders: a (bi)directional GRU/LSTM encoder and what the attentional decoders share.
 
 Encoder (Bahdanau et al. 2014, sec. 3.2): h_j = [h->_j; h<-_j], the forward and backward states of
-position j, read over packed sequences so padding never enters a sentence. Each direction has dim / 2
+position j, read over packed sequences so padding never enters a sentence (on a CPU by nmt.models.recurrence,
+which computes what nn.GRU / nn.LSTM computes with a cheaper backward pass). Each direction has dim / 2
 units, so the memory is (B, S, H) like the decoder state.
 Bridge: the initial decoder state of layer l is tanh(W_b [h->_final; h<-_final]_l) (Bahdanau et al.
 2014, appendix A.2.2, use s_0 = tanh(W_s h<-_1); this reads both directions' final states), or zeros.
@@ -23,6 +24,7 @@ from nmt.data.tokenizer import PAD
 from nmt.models.attention import Attention
 from nmt.models.checks import BRIDGES, check_rnn, check_rnn_names  # noqa: F401 (re-exported)
 from nmt.models.dropout import Dropout
+from nmt.models.recurrence import packed_rnn
 from nmt.models.seq2seq import Enc, State, by_sentence
 
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
@@ -101,7 +103,8 @@ class RNNEncoder(nn.Module):
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor) -> Enc:
         x = self.dropout(self.embed(src))  # (B, S, E)
         packed = pack_padded_sequence(x, src_mask.sum(1).cpu(), batch_first=True, enforce_sorted=False)
-        out, final = self.rnn(packed)
+        backward = x.device.type == "cpu" and torch.is_grad_enabled()  # training: torch's numbers, cheaper backward
+        out, final = packed_rnn(self.rnn, packed) if backward else self.rnn(packed)
         memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, H)
         enc = {"memory": memory, "src_mask": src_mask}
         if self.lstm:
