@@ -184,6 +184,9 @@ class TrainConfig:
     precision: str = key(
         "fp32", one_of("fp32", "bf16", "fp16", "auto")
     )  # bf16: autocast (fp32 master weights); fp16: CUDA only; auto: bf16 where the hardware has it
+    # the loss and its gradient: torch (blockwise torch operators), native (nmt's C kernels: one pass per row, within
+    # rounding of torch's), or auto: native for bf16 training on a CPU, torch in fp32 (nmt/training/loss.py)
+    loss_kernel: str = key("auto", one_of("auto", "native", "torch"))
     lr: float = key(5e-4, positive())  # peak learning rate, reached at the end of warm-up
     schedule: str = key("inverse_sqrt", one_of("inverse_sqrt", "constant", "cosine"))
     warmup: int = key(1000, at_least(0))

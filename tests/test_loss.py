@@ -147,6 +147,66 @@ def test_blockwise_loss_and_gradient_equal_torch_cross_entropy(monkeypatch, dtyp
     )
 
 
+needs_kernels = pytest.mark.skipif(
+    __import__("nmt.engine.native", fromlist=["library"]).library() is None, reason="no C compiler here"
+)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("rows, vocab", [(23, 50), (70, 4000), (1, 1), (3, 17)])
+def test_native_loss_kernels_equal_torch_within_rounding(dtype, eps, rows, vocab):
+    """kernel="native" (nmt's C kernels, one pass per row, threads sharing the rows above 2^18 elements): the same
+    loss and gradient as F.cross_entropy on float32 logits, within rounding, the gradient in the logits' dtype (bf16
+    rounded to nearest even); a row's loss does not depend on the other rows."""
+    from nmt.training.loss import smoothed_cross_entropy
+
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
+    target = torch.randint(0, vocab, (rows,), generator=g)
+    mine = logits.clone().requires_grad_()
+    ref = logits.float().requires_grad_()
+    got = smoothed_cross_entropy(mine, target, eps, kernel="native")
+    want = torch.nn.functional.cross_entropy(ref, target, label_smoothing=eps, reduction="sum")
+    (2.5 * got).backward()
+    (2.5 * want).backward()
+    assert got.dtype == torch.float32 and mine.grad.dtype == dtype
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=2e-6, abs=1e-5)
+    expected = ref.grad if dtype == torch.float32 else ref.grad.to(torch.bfloat16).float()
+    torch.testing.assert_close(mine.grad.float(), expected, atol=1e-6, rtol=1e-5 if dtype == torch.float32 else 8e-3)
+    alone = smoothed_cross_entropy(logits[-1:], target[-1:], eps, kernel="native")
+    per_row = torch.nn.functional.cross_entropy(ref[-1:].detach(), target[-1:], label_smoothing=eps, reduction="sum")
+    assert float(alone) == pytest.approx(float(per_row), rel=2e-6, abs=1e-5)
+
+
+@needs_kernels
+def test_native_loss_propagates_nan_and_inf_as_torch_does():
+    """A NaN or infinite logit makes its row's loss non-finite (the trainer then skips the update), not a number."""
+    from nmt.training.loss import smoothed_cross_entropy
+
+    for bad in (float("nan"), float("inf")):
+        logits = torch.zeros(3, 40)
+        logits[1, 7] = bad
+        loss = smoothed_cross_entropy(logits, torch.tensor([1, 2, 3]), 0.1, kernel="native")
+        assert not torch.isfinite(loss)
+
+
+def test_the_loss_kernel_choice():
+    """auto: native for bf16 logits on a CPU (where the kernels are built), torch for fp32; an unknown name fails."""
+    from nmt.engine import native
+    from nmt.training.loss import resolve_kernel
+
+    built = "native" if native.library() is not None else "torch"
+    assert resolve_kernel("auto", torch.zeros(2, 3, dtype=torch.bfloat16)) == built
+    assert resolve_kernel("auto", torch.zeros(2, 3)) == "torch"
+    assert resolve_kernel("native", torch.zeros(2, 3)) == built
+    assert resolve_kernel("native", torch.zeros(2, 3, dtype=torch.float64)) == "torch"
+    assert resolve_kernel("torch", torch.zeros(2, 3, dtype=torch.bfloat16)) == "torch"
+    with pytest.raises(ValueError, match="loss kernel 'fast'"):
+        resolve_kernel("fast", torch.zeros(2, 3))
+
+
 def test_blockwise_loss_rejects_misshapen_inputs():
     from nmt.training.loss import smoothed_cross_entropy
 

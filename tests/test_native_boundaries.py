@@ -44,6 +44,24 @@ def test_every_wrapper_refuses_what_its_kernel_would_misread():
         "log_softmax_topk: k=9": lambda: native.log_softmax_topk(x, 9, []),
         "log_softmax_topk: k=3 for 8 tokens, 6 banned": lambda: native.log_softmax_topk(x, 3, [0, 1, 2, 3, 4, 5]),
         "log_softmax_topk: k=1 for 8 tokens, 1 banned": lambda: native.log_softmax_topk(x, 1, [8]),
+        "xent_forward: logits must be": lambda: native.xent_forward(expanded, torch.zeros(4, dtype=torch.int64), 0.1),
+        "xent_forward: target must be": lambda: native.xent_forward(x, torch.zeros(4, dtype=torch.int32), 0.1),
+        "xent_forward: target: 3 values for 4 rows": lambda: native.xent_forward(
+            x, torch.zeros(3, dtype=torch.int64), 0.1
+        ),
+        "xent_forward: target holds 0..8; expected tokens in [0, 8)": lambda: native.xent_forward(
+            x, torch.tensor([0, 8, 1, 2]), 0.1
+        ),
+        "xent_forward: target holds -1..2": lambda: native.xent_forward(x, torch.tensor([0, -1, 1, 2]), 0.1),
+        "xent_forward: 8 columns, smoothing 1.5": lambda: native.xent_forward(
+            x, torch.zeros(4, dtype=torch.int64), 1.5
+        ),
+        "xent_backward: lse: 3 values for 4 rows": lambda: native.xent_backward(
+            x, torch.zeros(4, dtype=torch.int64), 0.1, torch.zeros(3), 1.0
+        ),
+        "xent_backward: target: expected tokens in [0, 8)": lambda: native.xent_backward(
+            x, torch.tensor([9, 0, 0, 0]), 0.1, torch.zeros(4), 1.0
+        ),
     }
     keys = torch.randn(4, 2, 6, 4)  # (slots, N, positions, D)
     qkv = torch.randn(4, 3 * 8)
@@ -158,7 +176,8 @@ def test_the_key_holds_the_compiler_version_the_flags_and_the_cpu(monkeypatch):
 def test_a_failed_build_says_why_in_one_line_and_keeps_the_compiler_output(monkeypatch, tmp_path, capsys):
     broken = tmp_path / "csrc"
     broken.mkdir()
-    (broken / "kernels.h").write_text((build.CSRC / "kernels.h").read_text())
+    for name in (*build.HEADERS, *build.SOURCES):
+        (broken / name).write_text((build.CSRC / name).read_text())
     (broken / "kernels.c").write_text('#include "kernels.h"\nint has_amx(void) { return undeclared_name; }\n')
     monkeypatch.setattr(build, "CSRC", broken)
     monkeypatch.setattr(build, "_WARNED", set())
@@ -224,6 +243,8 @@ SANITIZED = [
     "tests/test_native_boundaries.py::test_every_wrapper_refuses_what_its_kernel_would_misread",
     "tests/test_native_boundaries.py::test_the_right_layouts_still_pass_and_views_of_cache_buffers_are_taken",
     "tests/test_decoding_cache.py",
+    "tests/test_loss.py::test_native_loss_kernels_equal_torch_within_rounding",
+    "tests/test_loss.py::test_native_loss_propagates_nan_and_inf_as_torch_does",
 ]
 
 

@@ -595,3 +595,48 @@ def log_softmax_topk(x: torch.Tensor, k: int, banned: list[int]) -> tuple[torch.
             f"[0, {width}) and at least k tokens left"
         )
     return values, index
+
+
+def _xent_args(function: str, logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> tuple[int, int, int]:
+    """The checks both loss kernels share: logits (R, V) fp32 or bf16 contiguous, target (R,) int64 contiguous (its
+    values are checked in C), smoothing in [0, 1]; -> (bf16 flag, R, V)."""
+    bf16 = isinstance(logits, torch.Tensor) and logits.dtype is torch.bfloat16
+    rows, width = need(function, "logits", logits, torch.bfloat16 if bf16 else torch.float32, 2).shape
+    if not (need(function, "target", target, torch.int64, 1).numel() == rows):
+        fail(function, f"target: {target.numel()} values for {rows} rows of logits")
+    if not (width >= 1 and 0.0 <= smoothing <= 1.0):
+        fail(function, f"{width} columns, smoothing {smoothing}: expected at least one column and 0 <= smoothing <= 1")
+    return int(bf16), rows, width
+
+
+def xent_forward(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label-smoothed cross-entropy per row of logits (R, V) fp32 or bf16 against target (R,): (loss (R,),
+    logsumexp (R,)), fp32, in one pass over each row (csrc/loss.c)."""
+    bf16, rows, width = _xent_args("xent_forward", logits, target, smoothing)
+    loss, lse = torch.empty(rows, dtype=torch.float32), torch.empty(rows, dtype=torch.float32)
+    code = library().xent_forward(
+        logits.data_ptr(), bf16, rows, width, target.data_ptr(), smoothing, loss.data_ptr(), lse.data_ptr()
+    )
+    if code == OUT_OF_BOUNDS:
+        low, high = (int(v) for v in torch.aminmax(target))
+        fail("xent_forward", f"target holds {low}..{high}; expected tokens in [0, {width})")
+    done("xent_forward", code)
+    return loss, lse
+
+
+def xent_backward(
+    logits: torch.Tensor, target: torch.Tensor, smoothing: float, lse: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The gradient (R, V), in the logits' dtype, of the summed loss of `xent_forward` times `scale`, from the
+    logits and their logsumexp (R,): (softmax - smoothing / V - (1 - smoothing) onehot(target)) * scale."""
+    bf16, rows, width = _xent_args("xent_backward", logits, target, smoothing)
+    if not (need("xent_backward", "lse", lse, dims=1).numel() == rows):
+        fail("xent_backward", f"lse: {lse.numel()} values for {rows} rows")
+    grad = torch.empty_like(logits)
+    code = library().xent_backward(
+        logits.data_ptr(), bf16, rows, width, target.data_ptr(), smoothing, lse.data_ptr(), scale, grad.data_ptr()
+    )
+    if code == OUT_OF_BOUNDS:
+        fail("xent_backward", f"target: expected tokens in [0, {width})")
+    done("xent_backward", code)
+    return grad

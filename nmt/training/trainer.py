@@ -180,7 +180,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
         with record_function("forward"):
             logits = (net or self.net)(batch.src, batch.src_mask, batch.tgt_in, live)  # (N, V), N real target tokens
         with record_function("loss"):
-            return smoothed_cross_entropy(logits, batch.tgt_out[live], smoothing)
+            return smoothed_cross_entropy(logits, batch.tgt_out[live], smoothing, self.cfg.train.loss_kernel)
 
     def train_step(self, batches: list[Batch], total_tokens: int | None = None) -> float | None:
         """One update from this process's micro-batches; `total_tokens` counts the target tokens of all processes.

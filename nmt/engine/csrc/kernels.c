@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "vmath.h"
 
 /* max |x_i| over a row, in 16 lanes so that it vectorizes (max is exact in any order). */
 static float row_amax(const float *x, int64_t width) {
@@ -48,49 +49,6 @@ static void quantize_padded(const float *x, int64_t rows, int64_t padded, int64_
         rs[r] = sc;
         for (int64_t i = 0; i < in; ++i) qr[i] = (uint8_t)((int32_t)nearbyintf(xr[i] / sc) + shift);
     }
-}
-#endif
-
-/* exp(x) for x <= 0 (scores minus their maximum), vectorizable: Cephes' expf polynomial with 2^n from the exponent
-   bits; within 2 ulp of expf, and exactly 0 below -87 (where expf is below 1.7e-38), -inf included. */
-static inline float exp_nonpositive(float x) {
-    float y = x < -87.0f ? -87.0f : x;
-    float n = rintf(y * 1.44269504088896341f);
-    float r = y - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } two_n = {.i = ((int32_t)n + 127) << 23};
-    float e = p * two_n.f;
-    return x < -87.0f ? 0.0f : e;
-}
-
-#ifdef __AVX512F__
-/* exp_nonpositive of 16 values at once: the same operations in the same order on each lane (rint as the round to
-   nearest even, 2^n from the exponent bits), so each lane equals exp_nonpositive of its value bit for bit. */
-static inline __m512 exp16_nonpositive(__m512 x) {
-    __m512 lo = _mm512_set1_ps(-87.0f);
-    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    __m512 y = _mm512_mask_mov_ps(x, under, lo);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(y, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
-    __m512i two_n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(two_n));
-    return _mm512_mask_mov_ps(e, under, _mm512_setzero_ps());
 }
 #endif
 
@@ -943,18 +901,6 @@ int decoder_step(const void *const *layers, int64_t n, int int8, const int64_t *
 }
 
 /* max x_i over a row (-inf for none; rows without NaN). */
-static float row_max(const float *x, int64_t width) {
-    float m = -INFINITY;
-    int64_t i = 0;
-#ifdef __AVX512F__
-    __m512 lanes = _mm512_set1_ps(-INFINITY);
-    for (; i + 16 <= width; i += 16) lanes = _mm512_max_ps(lanes, _mm512_loadu_ps(x + i));
-    m = _mm512_reduce_max_ps(lanes);
-#endif
-    for (; i < width; ++i) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
 /* Whether token i is one of the nbanned in `banned`. */
 static inline int is_banned(int64_t i, const int64_t *banned, int64_t nbanned) {
     for (int64_t b = 0; b < nbanned; ++b)

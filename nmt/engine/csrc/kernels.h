@@ -99,6 +99,14 @@ void dequantize(const int32_t *p, int64_t rows, int64_t width, const float *row_
                 const float *bias, float *y);
 void unit_rows_pinned(const float *x, int64_t rows, int64_t width, float *out, float *scale);
 int64_t nmt_layout(int64_t *out, int64_t n);
+/* loss.c: label-smoothed cross-entropy of rows of logits x (rows, width), float32 (bf16 = 0) or bf16 (bf16 = 1,
+   raw 16 bits), against target (rows,) in [0, width): forward writes loss (rows,) and lse (rows,); backward writes
+   grad (rows, width) in x's dtype, times g. NMT_OUT_OF_BOUNDS (writing nothing) for a target out of range or eps
+   outside [0, 1]; NMT_NO_MEMORY if a bf16 row's buffer cannot be had. */
+int xent_forward(const void *x, int bf16, int64_t rows, int64_t width, const int64_t *target, float eps,
+                 float *loss, float *lse);
+int xent_backward(const void *x, int bf16, int64_t rows, int64_t width, const int64_t *target, float eps,
+                  const float *lse, float g, void *grad);
 int nmt_indices_within(const int64_t *x, int64_t rows, int64_t cols, int64_t stride, int64_t size);
 
 #endif /* NMT_KERNELS_H */
