@@ -23,6 +23,7 @@ BUDGET = ("train.max_steps", "train.max_time", "train.max_epochs", "train.budget
 THROUGHPUT = (
     "train.threads",
     "train.precision",
+    "train.loss_kernel",  # bf16: nmt's C loss or torch's, equal within rounding only
     "train.batch_tokens",
     "train.accumulate",
     "train.device",  # how fast a budget trains
