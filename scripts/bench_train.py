@@ -3,6 +3,7 @@
     python scripts/bench_train.py experiment=bench_transformer data.root=../shared/data/multi30k
     python scripts/bench_train.py --precisions fp32,bf16 --runs 5 experiment=bench_rnn data.root=../shared/data/multi30k
     python scripts/bench_train.py --steps 20 experiment=quickstart
+    python scripts/bench_train.py --precisions bf16 --epochs 3 experiment=bench_transformer data.root=...
 
 For each precision, each run times `--steps` updates on consecutive training batches of epoch 0 (after
 `--warmup` untimed updates), counts target tokens (EOS included, no padding) and prints tokens/s per run
@@ -11,6 +12,9 @@ token, source and target), peak resident memory, and model-FLOPs utilisation: th
 (forward and backward, counted by torch.utils.flop_counter) times updates/s, over the matmul peak this
 script measures on this machine for the same precision (a 2048 x 2048 x 2048 product, best of 5).
 Uses torch's default thread count unless train.threads is given; measure on an otherwise idle machine.
+With --epochs N it instead trains every batch of epochs 0..N-1 in order, as a run does, and prints each epoch's
+tokens/s and the peak resident memory so far: what a long run sees once its first epoch has compiled the
+kernels of its batches' shapes (nmt/training/kernel_cache.py).
 
 Under torchrun it times data-parallel training (nmt-train's own, nmt.training.distributed): each of the N
 processes takes every N-th batch, an update holds N batches, and tokens/s counts all processes' tokens; the
@@ -24,6 +28,7 @@ process of two threads:
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -136,15 +141,62 @@ def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
         }
 
 
+def bench_epochs(cfg, precision: str, epochs: int) -> list[dict]:
+    """Train every batch of epochs 0..epochs-1 in order, as a run does; tokens/s and peak RSS per epoch."""
+    cfg = replace(cfg, train=replace(cfg.train, precision=precision))
+    rows = []
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(cfg, run_dir, log=lambda line: print(line, file=sys.stderr))
+        train = trainer.data.splits["train"]
+        src_lens, tgt_lens = train.lengths()
+        world, rank = trainer.dist.world, trainer.dist.rank
+        for epoch in range(epochs):
+            batches = token_batches(src_lens, tgt_lens, cfg.train.batch_tokens, cfg.train.seed, epoch)
+            tokens = updates = 0
+            start = time.perf_counter()
+            for first in range(0, len(batches) - world + 1, world):  # an update holds world batches
+                group = batches[first : first + world]
+                counted = sum(tgt_lens[i] + 1 for indices in group for i in indices)  # + EOS, all processes'
+                trainer.train_step([train.batch(group[rank])], counted)
+                tokens += counted
+                updates += 1
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            rows.append({"precision": precision, "epoch": epoch, "updates": updates, "tokens_per_s": tokens / elapsed})
+            rows[-1]["peak_rss_mb"] = rss
+            if trainer.dist.main:
+                print(
+                    f"{precision} epoch {epoch}: {updates} updates, {tokens / elapsed:,.0f} target tokens/s",
+                    file=sys.stderr,
+                )
+    return rows
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--precisions", default="fp32", help="comma-separated: fp32, bf16, fp16 (CUDA)")
+    parser.add_argument(
+        "--epochs", type=int, default=0, help="instead: train N whole epochs in order, tokens/s and peak RSS per epoch"
+    )
     args, overrides = parser.parse_known_args(argv)
     tune_allocator()  # as nmt-train does (nmt.cli.common.run)
     cfg = compose("config", overrides + ["train.progress=false"])
+    if args.epochs > 0:
+        rows = [row for p in args.precisions.split(",") for row in bench_epochs(cfg, p, args.epochs)]
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"\nbatch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}")
+            print("| precision | epoch | updates | target tokens/s | peak RSS so far |\n|---|---:|---:|---:|---:|")
+            for r in rows:
+                print(
+                    f"| {r['precision']} | {r['epoch']} | {r['updates']} | {r['tokens_per_s']:,.0f} | "
+                    f"{r['peak_rss_mb']:,.0f} MB |"
+                )
+        return
     results = [bench(cfg, p, args.steps, args.warmup, args.runs) for p in args.precisions.split(",")]
     if not results[0]["main"]:
         return

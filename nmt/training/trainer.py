@@ -35,6 +35,7 @@ from nmt.runtime import resolve_device, seed_everything
 from nmt.training.checkpoint import checkpoint_tokenizer, load_weights, remove_stale_temporaries
 from nmt.training.clock import Clock
 from nmt.training.distributed import Distributed
+from nmt.training.kernel_cache import keep_compiled_kernels
 from nmt.training.loss import smoothed_cross_entropy
 from nmt.training.position import DataPosition
 from nmt.training.precision import Precision
@@ -69,6 +70,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise NmtError(f"run_dir={self.run_dir}: is a file, expected a folder (new, or a run's to resume)")
         train = cfg.train
+        keep_compiled_kernels()  # before the first bf16 product: later epochs find their shapes' kernels compiled
         self.dist = Distributed.from_env()
         self.log = RunLog(log, enabled=self.dist.main)
         self.stopping = EarlyStopping(train.early_stop_metric, train.patience, train.keep_best)
