@@ -1,5 +1,5 @@
 """nmt.training.kernel_cache: training keeps oneDNN's compiled kernels for the shapes of more than ~40 updates (a
-kernel compiled before 1,100 other shapes is still there), a user's own setting wins, and the trainer asks before
+kernel compiled before 1,284 other shapes is still there), a user's own setting wins, and the trainer asks before
 its first product."""
 
 import os
