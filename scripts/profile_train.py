@@ -9,7 +9,9 @@ untimed ones), run through Trainer.train_step, whose phases carry torch.profiler
 shares of the profiled updates ("other" is what lies outside them: the Python around the step and the
 learning-rate schedule); operator kinds are shares of the operators' own CPU time in the main thread (a product
 that runs on 2 threads counts its wall time once). The profiler's own cost is a few percent: compare shares, not
-rates; bench_train.py gives the rates. Measure on an otherwise idle machine.
+rates; bench_train.py gives the rates. Measure on an otherwise idle machine. In bf16 on a CPU, epoch 0's updates
+meet new product shapes, whose oneDNN kernels are compiled then (counted in the products' own time: ~9% of a bf16
+Transformer update); a long run's later epochs find most of them compiled (nmt/training/kernel_cache.py).
 """
 
 from __future__ import annotations
