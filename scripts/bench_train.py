@@ -164,8 +164,15 @@ def bench_epochs(cfg, precision: str, epochs: int) -> list[dict]:
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            rows.append({"precision": precision, "epoch": epoch, "updates": updates, "tokens_per_s": tokens / elapsed})
-            rows[-1]["peak_rss_mb"] = rss
+            rows.append(
+                {
+                    "precision": precision,
+                    "epoch": epoch,
+                    "updates": updates,
+                    "tokens_per_s": tokens / elapsed,
+                    "peak_rss_mb": rss,
+                }
+            )
             if trainer.dist.main:
                 print(
                     f"{precision} epoch {epoch}: {updates} updates, {tokens / elapsed:,.0f} target tokens/s",

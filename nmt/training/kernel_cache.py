@@ -5,7 +5,7 @@ product and keeps the last 1,024 in a cache. A training update on token-bucketed
 (B x T) rows, its attention's (B x heads, T, S), the output layer's live rows), each ~2 ms to compile; with 1,024
 kept, the cache holds about 40 updates, so an epoch never finds the shapes the previous one compiled, and the freed
 kernels fragment the heap (peak memory grows epoch after epoch). With 16,384 kept, later epochs find most shapes
-compiled: bench_transformer in bf16 trained 1.26x-1.34x faster in its second and third epochs, at a steady peak
+compiled: bench_transformer in bf16 trained 1.21x-1.34x faster in its second and third epochs, at a steady peak
 memory (docs/benchmarks.md). It changes no number: the same kernels compute the same products.
 """
 
