@@ -187,6 +187,10 @@ class TrainConfig:
     # the loss and its gradient: torch (blockwise torch operators), native (nmt's C kernels: one pass per row, within
     # rounding of torch's), or auto: native for bf16 training on a CPU, torch in fp32 (nmt/training/loss.py)
     loss_kernel: str = key("auto", one_of("auto", "native", "torch"))
+    # dropout's masks: torch (16-bit masks from torch's generator, nmt/models/dropout.py), native (nmt's C kernel: the
+    # mask drawn and applied in one pass, other draws of the same rate), or auto: native for bf16 training on a CPU,
+    # torch in fp32 (nmt/training/native_dropout.py)
+    dropout_kernel: str = key("auto", one_of("auto", "native", "torch"))
     lr: float = key(5e-4, positive())  # peak learning rate, reached at the end of warm-up
     schedule: str = key("inverse_sqrt", one_of("inverse_sqrt", "constant", "cosine"))
     warmup: int = key(1000, at_least(0))

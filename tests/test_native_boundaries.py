@@ -62,6 +62,14 @@ def test_every_wrapper_refuses_what_its_kernel_would_misread():
         "xent_backward: target: expected tokens in [0, 8)": lambda: native.xent_backward(
             x, torch.tensor([9, 0, 0, 0]), 0.1, torch.zeros(4), 1.0
         ),
+        "dropout_apply: x must be a CPU float32 tensor, contiguous": lambda: native.dropout_apply(expanded, 1, 10, 1.0),
+        "dropout_apply: x must be a CPU float32": lambda: native.dropout_apply(x.double(), 1, 10, 1.0),
+        "dropout_apply: x must be a CPU bfloat16 tensor, contiguous": lambda: native.dropout_apply(
+            x.bfloat16().t(), 1, 10, 1.0
+        ),
+        "dropout_apply: seed -1, dropped 10": lambda: native.dropout_apply(x, -1, 10, 1.0),
+        "dropout_apply: seed 1, dropped 65537": lambda: native.dropout_apply(x, 1, 65537, 1.0),
+        "dropout_apply: seed 1, dropped 10, scale -1.0": lambda: native.dropout_apply(x, 1, 10, -1.0),
     }
     keys = torch.randn(4, 2, 6, 4)  # (slots, N, positions, D)
     qkv = torch.randn(4, 3 * 8)
@@ -245,6 +253,11 @@ SANITIZED = [
     "tests/test_decoding_cache.py",
     "tests/test_loss.py::test_native_loss_kernels_equal_torch_within_rounding",
     "tests/test_loss.py::test_native_loss_propagates_nan_and_inf_as_torch_does",
+    "tests/test_native_dropout.py::test_elements_are_dropped_at_the_rate_asked_for_and_the_mean_is_kept",
+    "tests/test_native_dropout.py::test_kept_values_are_the_input_scaled_and_rounded_once",
+    "tests/test_native_dropout.py::test_the_gradient_goes_through_the_same_mask_scaled",
+    "tests/test_native_dropout.py::test_a_bf16_gradient_flows_back_in_bf16_and_an_expanded_one_is_made_contiguous",
+    "tests/test_native_dropout.py::test_the_mask_follows_the_default_generator_and_not_the_thread_count",
 ]
 
 

@@ -138,3 +138,28 @@ def test_explicit_attention_products_equal_sdpa(monkeypatch):
     )
     assert T.explicit_products(torch.zeros(1), 0.1)
     torch.testing.assert_close(explicit, sdpa, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("names", [("q_proj", "k_proj", "v_proj"), ("k_proj", "v_proj")])
+def test_joint_projections_under_autocast_equal_the_separate_layers_within_rounding(names):
+    """Under bf16 autocast W^Q, W^K, W^V of one input run as one product (x cast once): the outputs and every
+    gradient equal the three layers' within bf16 rounding; without autocast `project` is the layers themselves."""
+    from nmt.models.transformer import MultiHeadAttention, project
+
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(64, 4, 0.0)
+    linears = [getattr(attn, name) for name in names]
+    x = torch.randn(3, 7, 64, requires_grad=True)
+    outputs = {}
+    for joint in (True, False):
+        attn.zero_grad()
+        x.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ys = project(x, *linears) if joint else tuple(linear(x) for linear in linears)
+        sum((y.float() * torch.linspace(-1, 1, y.numel()).view_as(y)).sum() for y in ys).backward()
+        grads = [x.grad.clone()] + [p.grad.clone() for linear in linears for p in (linear.weight, linear.bias)]
+        outputs[joint] = ([y.float() for y in ys], grads)
+    for a, b in zip(outputs[True][0] + outputs[True][1], outputs[False][0] + outputs[False][1]):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    plain = project(x, *linears)  # no autocast: each layer as written, bit for bit
+    assert all(torch.equal(p, linear(x)) for p, linear in zip(plain, linears))

@@ -24,6 +24,7 @@ THROUGHPUT = (
     "train.threads",
     "train.precision",
     "train.loss_kernel",  # bf16: nmt's C loss or torch's, equal within rounding only
+    "train.dropout_kernel",  # bf16: nmt's C dropout or torch's, other masks of the same rate
     "train.batch_tokens",
     "train.accumulate",
     "train.device",  # how fast a budget trains

@@ -43,8 +43,8 @@ from pathlib import Path
 from nmt.engine.structs import LAYOUT
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("kernels.c", "loss.c")
-HEADERS = ("kernels.h", "vmath.h")
+SOURCES = ("kernels.c", "loss.c", "dropout.c")
+HEADERS = ("kernels.h", "vmath.h", "bf16.h")
 FLAGS = [
     "-O3",
     "-march=native",
@@ -91,6 +91,7 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {  # name -> (argument types, 
     "nmt_indices_within": ([_P, _I64, _I64, _I64, _I64], _INT),
     "xent_forward": ([_P, _INT, _I64, _I64, _P, _F, _P, _P], _INT),
     "xent_backward": ([_P, _INT, _I64, _I64, _P, _F, _P, _F, _P], _INT),
+    "dropout_apply": ([_P, _INT, _I64, ctypes.c_uint64, ctypes.c_int32, _F, _P], _INT),
 }  # fmt: skip
 
 _WARNED: set[str] = set()

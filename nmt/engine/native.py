@@ -640,3 +640,18 @@ def xent_backward(
         fail("xent_backward", f"target: expected tokens in [0, {width})")
     done("xent_backward", code)
     return grad
+
+
+def dropout_apply(x: torch.Tensor, seed: int, dropped: int, scale: float) -> torch.Tensor:
+    """x (any shape) fp32 or bf16 contiguous -> x * scale where the 16-bit draw (seed, element) >= dropped, else 0,
+    in x's dtype (csrc/dropout.c): dropout's mask drawn and applied in one pass, never stored. The same call on the
+    output's gradient is its backward. seed in [0, 2**64), dropped in [0, 65536], scale >= 0."""
+    bf16 = isinstance(x, torch.Tensor) and x.dtype is torch.bfloat16
+    need("dropout_apply", "x", x, torch.bfloat16 if bf16 else torch.float32)
+    if not (0 <= seed < 1 << 64 and 0 <= dropped <= 1 << 16 and scale >= 0.0):
+        fail("dropout_apply", f"seed {seed}, dropped {dropped}, scale {scale}: expected a 64-bit seed, 0 <= dropped "
+             "<= 65536 and scale >= 0")  # fmt: skip
+    out = torch.empty_like(x)
+    code = library().dropout_apply(x.data_ptr(), int(bf16), x.numel(), seed, dropped, scale, out.data_ptr())
+    done("dropout_apply", code)
+    return out

@@ -6,15 +6,33 @@ and cuts them into four 16-bit uniform integers, one per element, so an element 
 probability round(p * 65536) / 65536 (p to within 1e-5) and the kept ones are scaled by the inverse of
 the exact keep rate: the expectation is unchanged. On other devices it is F.dropout. Both draw from
 torch's default generator, whose state checkpoints save.
+
+`drawn_by(kernel)` hands the CPU dropout inside it to another implementation, kernel(x, p) (the trainer's: nmt's C
+kernel for bf16 training, nmt/training/native_dropout.py); the models themselves never import a kernel.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 LEVELS = 1 << 16  # the mask's resolution: one 16-bit integer per element
+_KERNEL: ContextVar[Callable[[torch.Tensor, float], torch.Tensor] | None] = ContextVar("dropout_kernel", default=None)
+
+
+@contextmanager
+def drawn_by(kernel: Callable[[torch.Tensor, float], torch.Tensor] | None) -> Iterator[None]:
+    """Within: CPU dropout at a rate 0 < p < 1 in training is kernel(x, p) (None: the 16-bit mask below)."""
+    token = _KERNEL.set(kernel)
+    try:
+        yield
+    finally:
+        _KERNEL.reset(token)
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, float]:
@@ -34,6 +52,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if x.device.type != "cpu" or p >= 1.0:
         return F.dropout(x, p, training)
+    kernel = _KERNEL.get()
+    if kernel is not None:
+        return kernel(x, p)
     keep, scale = keep_mask(x.shape, p, x.device)
     return x * (keep.to(x.dtype) * scale)
 

@@ -107,6 +107,10 @@ int xent_forward(const void *x, int bf16, int64_t rows, int64_t width, const int
                  float *loss, float *lse);
 int xent_backward(const void *x, int bf16, int64_t rows, int64_t width, const int64_t *target, float eps,
                   const float *lse, float g, void *grad);
+/* dropout.c: out = x * scale where draw i (a 16-bit counter-based draw from seed, see dropout.c) >= dropped, else 0;
+   x and out (n,) float32 (bf16 = 0) or bf16 (raw 16 bits; out may be x). NMT_OUT_OF_BOUNDS (writing nothing) for
+   dropped outside [0, 65536] or a negative scale. */
+int dropout_apply(const void *x, int bf16, int64_t n, uint64_t seed, int32_t dropped, float scale, void *out);
 int nmt_indices_within(const int64_t *x, int64_t rows, int64_t cols, int64_t stride, int64_t size);
 
 #endif /* NMT_KERNELS_H */

@@ -13,23 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "kernels.h"
 #include "vmath.h"
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* float -> bf16, rounded to nearest even (NaN kept a quiet NaN), as torch converts */
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* Row r of x as float32: the row itself, or (bf16) widened into buf. */
 static inline const float *row_of(const void *x, int bf16, int64_t r, int64_t width, float *buf) {
