@@ -100,6 +100,18 @@ def test_the_mask_follows_the_default_generator_and_not_the_thread_count():
 
 
 @built
+def test_it_runs_under_the_profiler_recording_shapes():
+    """torch.profiler(record_shapes=True) converts every argument of an autograd Function to a C++ int64: a seed of
+    2**63 or more crossing `apply` would fail there (every seed is drawn here until one has its top bit set)."""
+    x = torch.randn(8, 8, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True):
+        for seed in range(8):
+            torch.manual_seed(seed)
+            native_dropout(x, 0.5).sum().backward()
+    assert x.grad is not None
+
+
+@built
 def test_drawn_by_routes_training_dropout_only():
     x = torch.ones(50, 50)
     with drawn_by(native_dropout):

@@ -25,8 +25,10 @@ KERNELS = ("auto", "native", "torch")
 
 class _NativeDropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, seed: int, dropped: int, scale: float) -> torch.Tensor:  # type: ignore[override]
-        ctx.draw = (seed, dropped, scale)
+    def forward(ctx, x: torch.Tensor, word: int, dropped: int, scale: float) -> torch.Tensor:  # type: ignore[override]
+        # the seed crosses `apply` as a signed 64-bit word: the profiler's record_shapes converts every argument to
+        # a C++ int64 and would refuse one of 2**63 or more
+        ctx.draw = (seed, dropped, scale) = (word % (1 << 64), dropped, scale)
         return native.dropout_apply(x, seed, dropped, scale)
 
     @staticmethod
@@ -41,7 +43,7 @@ def native_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
         return torch.nn.functional.dropout(x, p, True)
     dropped = round(p * LEVELS)
     word = int(torch.empty((), dtype=torch.int64).random_(-(1 << 63), None))  # 64 bits of torch's generator
-    return _NativeDropout.apply(x.contiguous(), word % (1 << 64), dropped, LEVELS / (LEVELS - dropped))
+    return _NativeDropout.apply(x.contiguous(), word, dropped, LEVELS / (LEVELS - dropped))
 
 
 def resolve_dropout_kernel(kernel: str, precision: str, device: torch.device) -> Callable | None:
