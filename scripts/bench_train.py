@@ -14,7 +14,11 @@ script measures on this machine for the same precision (a 2048 x 2048 x 2048 pro
 Uses torch's default thread count unless train.threads is given; measure on an otherwise idle machine.
 With --epochs N it instead trains every batch of epochs 0..N-1 in order, as a run does, and prints each epoch's
 tokens/s and the peak resident memory so far: what a long run sees once its first epoch has compiled the
-kernels of its batches' shapes (nmt/training/kernel_cache.py).
+kernels of its batches' shapes (nmt/training/kernel_cache.py). With --repeat every run times the same --steps
+batches after one untimed pass over them: the steady state of shapes already met, without the first pass's kernel
+compilations, for A/B comparisons of one change (e.g. train.dropout_kernel=torch against the default):
+
+    python scripts/bench_train.py --precisions bf16 --repeat --steps 12 --runs 4 experiment=bench_transformer ...
 
 Under torchrun it times data-parallel training (nmt-train's own, nmt.training.distributed): each of the N
 processes takes every N-th batch, an update holds N batches, and tokens/s counts all processes' tokens; the
@@ -84,7 +88,7 @@ def update_flops(trainer: Trainer, batch) -> float:
     return float(counter.get_total_flops())
 
 
-def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
+def bench(cfg, precision: str, steps: int, warmup: int, runs: int, repeat: bool = False) -> dict:
     cfg = replace(cfg, train=replace(cfg.train, precision=precision))
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(cfg, run_dir, log=lambda line: print(line, file=sys.stderr))
@@ -104,8 +108,13 @@ def bench(cfg, precision: str, steps: int, warmup: int, runs: int) -> dict:
         flops = update_flops(trainer, train.batch(batches[0]))
         flops_per_token = flops / train.batch(batches[0]).target_tokens
         position, rates, sentence_rates = 1, [], []
+        if repeat:  # one untimed pass over the batches every run times
+            for i in range(steps):
+                update(1 + i)
         for run in range(runs):
-            for _ in range(warmup):
+            if repeat:
+                position = 1
+            for _ in range(0 if repeat else warmup):
                 update(position)
                 position += 1
             tokens = sentences = 0
@@ -188,6 +197,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--precisions", default="fp32", help="comma-separated: fp32, bf16, fp16 (CUDA)")
     parser.add_argument(
+        "--repeat", action="store_true", help="every run times the same --steps batches, after one untimed pass"
+    )
+    parser.add_argument(
         "--epochs", type=int, default=0, help="instead: train N whole epochs in order, tokens/s and peak RSS per epoch"
     )
     args, overrides = parser.parse_known_args(argv)
@@ -204,7 +216,7 @@ def main(argv: list[str]) -> None:
                     f"{r['peak_rss_mb']:,.0f} MB |"
                 )
         return
-    results = [bench(cfg, p, args.steps, args.warmup, args.runs) for p in args.precisions.split(",")]
+    results = [bench(cfg, p, args.steps, args.warmup, args.runs, args.repeat) for p in args.precisions.split(",")]
     if not results[0]["main"]:
         return
     print(

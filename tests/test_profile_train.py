@@ -3,20 +3,10 @@ and the phase labels it reads from Trainer.train_step, which change no number (t
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
+from tests.helpers.scripts import load_script
 from tests.test_training_numerics import corpus, overrides  # noqa: F401  (the toy corpus fixture)
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("profile_train", ROOT / "scripts" / "profile_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def shares(text: str, heading: str) -> dict[str, float]:
@@ -26,7 +16,7 @@ def shares(text: str, heading: str) -> dict[str, float]:
 
 
 def test_the_profile_splits_an_update_into_its_phases_and_operator_kinds(corpus, capsys):  # noqa: F811
-    script = load_script()
+    script = load_script("profile_train")
     script.main(["--steps", "3", "--warmup", "1", *overrides(corpus, "transformer")])
     out = capsys.readouterr().out
     assert "3 updates" in out and "target tokens/s" in out
@@ -42,7 +32,7 @@ def test_the_profile_splits_an_update_into_its_phases_and_operator_kinds(corpus,
 
 
 def test_operators_are_sorted_into_kinds():
-    kind = load_script().kind
+    kind = load_script("profile_train").kind
     assert kind("aten::addmm") == kind("aten::bmm") == "matrix products"
     assert kind("aten::_softmax") == "attention"
     assert kind("aten::_fused_adam_") == "optimizer"
