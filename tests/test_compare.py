@@ -213,6 +213,10 @@ def test_mistakes_are_one_line(toy_dir, tmp_path, capsys):
         compare.main, args + ["overrides.transformer=[model=transformer,train.loss_kernel=native]"], capsys
     )
     assert code != 0 and "train.loss_kernel" in err and err.count("\n") == 1  # the loss is computed alike for all
+    code, _, err = cli(
+        compare.main, args + ["overrides.transformer=[model=transformer,train.dropout_kernel=torch]"], capsys
+    )
+    assert code != 0 and "train.dropout_kernel" in err and err.count("\n") == 1  # and dropout draws alike
     code, _, err = cli(compare.main, ["report_only=true", f"out={tmp_path}/nothing"], capsys)
     one_error_line(code, err, f"error: out={tmp_path}/nothing: no comparison.yaml there")
     code, _, err = cli(compare.main, ["report_only=true", f"out={tmp_path}", "train.max_steps=5"], capsys)
