@@ -150,6 +150,25 @@ def bench(cfg, precision: str, steps: int, warmup: int, runs: int, repeat: bool 
         }
 
 
+def by_length(timed: list[tuple[int, int, float]], width: int = 5) -> list[dict]:
+    """An epoch's updates grouped by their batch's target length T (+ EOS) in bins of `width`: updates, the median
+    update's target tokens and target tokens/s, and the group's share of the epoch's time."""
+    total = sum(seconds for _, _, seconds in timed) or 1.0
+    groups: dict[int, list[tuple[int, int, float]]] = {}
+    for row in timed:
+        groups.setdefault(row[0] // width, []).append(row)
+    return [
+        {
+            "lengths": f"{min(r[0] for r in rows)}-{max(r[0] for r in rows)}",
+            "updates": len(rows),
+            "tokens": statistics.median(r[1] for r in rows),
+            "tokens_per_s": statistics.median(r[1] / r[2] for r in rows),
+            "share": sum(r[2] for r in rows) / total,
+        }
+        for _, rows in sorted(groups.items())
+    ]
+
+
 def bench_epochs(cfg, precision: str, epochs: int) -> list[dict]:
     """Train every batch of epochs 0..epochs-1 in order, as a run does; tokens/s and peak RSS per epoch."""
     cfg = replace(cfg, train=replace(cfg.train, precision=precision))
@@ -163,10 +182,13 @@ def bench_epochs(cfg, precision: str, epochs: int) -> list[dict]:
             batches = token_batches(src_lens, tgt_lens, cfg.train.batch_tokens, cfg.train.seed, epoch)
             tokens = updates = 0
             start = time.perf_counter()
+            timed = []  # per update: (longest target + EOS of this process's batch, target tokens, seconds)
             for first in range(0, len(batches) - world + 1, world):  # an update holds world batches
                 group = batches[first : first + world]
                 counted = sum(tgt_lens[i] + 1 for indices in group for i in indices)  # + EOS, all processes'
+                began = time.perf_counter()
                 trainer.train_step([train.batch(group[rank])], counted)
+                timed.append((max(tgt_lens[i] for i in group[rank]) + 1, counted, time.perf_counter() - began))
                 tokens += counted
                 updates += 1
             if trainer.device.type == "cuda":
@@ -180,6 +202,7 @@ def bench_epochs(cfg, precision: str, epochs: int) -> list[dict]:
                     "updates": updates,
                     "tokens_per_s": tokens / elapsed,
                     "peak_rss_mb": rss,
+                    "by_length": by_length(timed),
                 }
             )
             if trainer.dist.main:
@@ -202,6 +225,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--epochs", type=int, default=0, help="instead: train N whole epochs in order, tokens/s and peak RSS per epoch"
     )
+    parser.add_argument(
+        "--by-length", action="store_true", help="with --epochs: each epoch's updates by their target length too"
+    )
     args, overrides = parser.parse_known_args(argv)
     tune_allocator()  # as nmt-train does (nmt.cli.common.run)
     cfg = compose("config", overrides + ["train.progress=false"])
@@ -215,6 +241,17 @@ def main(argv: list[str]) -> None:
                     f"| {r['precision']} | {r['epoch']} | {r['updates']} | {r['tokens_per_s']:,.0f} | "
                     f"{r['peak_rss_mb']:,.0f} MB |"
                 )
+            for r in rows if args.by_length else []:
+                print(
+                    f"\n{r['precision']}, epoch {r['epoch']}, by target length (+ EOS) of the batch\n"
+                    "| target length | updates | median target tokens | median target tokens/s | share of the time |\n"
+                    "|---|---:|---:|---:|---:|"
+                )
+                for g in r["by_length"]:
+                    print(
+                        f"| {g['lengths']} | {g['updates']} | {g['tokens']:,.0f} | {g['tokens_per_s']:,.0f} | "
+                        f"{g['share']:.1%} |"
+                    )
         return
     results = [bench(cfg, p, args.steps, args.warmup, args.runs, args.repeat) for p in args.precisions.split(",")]
     if not results[0]["main"]:

@@ -3,6 +3,10 @@ them, kinds of operators (matrix products, attention, recurrent cells, elementwi
 
     python scripts/profile_train.py experiment=bench_transformer data.root=../shared/data/multi30k
     python scripts/profile_train.py --precision bf16 --steps 30 experiment=bench_rnn data.root=../shared/data/multi30k
+    python scripts/profile_train.py --precision bf16 --steps 6 --shapes 40 experiment=bench_rnn ...   # by shape too
+
+--shapes N also lists the N costliest (operator, input shapes) pairs, with their calls over the profiled updates
+(each update's batch has its own shape, so a batch-sized product appears once per update).
 
 The updates are those scripts/bench_train.py times (consecutive ~4k-token batches of epoch 0, after --warmup
 untimed ones), run through Trainer.train_step, whose phases carry torch.profiler labels. Phases are wall-clock
@@ -78,6 +82,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=20, help="profiled updates")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--top", type=int, default=15, help="operators listed")
+    parser.add_argument(
+        "--shapes", type=int, default=0, metavar="N", help="also list the N costliest (operator, input shapes) pairs"
+    )
     args, overrides = parser.parse_known_args(argv)
     tune_allocator()  # as nmt-train does
     cfg = compose("config", overrides + ["train.progress=false"])
@@ -90,7 +97,7 @@ def main(argv: list[str]) -> None:
         for i in range(args.warmup):
             trainer.train_step([train.batch(batches[i])])
         tokens = 0
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes > 0) as prof:
             start = time.perf_counter()
             for i in range(args.warmup, args.warmup + args.steps):
                 with torch.profiler.record_function("data"):
@@ -123,6 +130,12 @@ def main(argv: list[str]) -> None:
     print("\n| top operators (own time) | share |\n|---|---:|")
     for name, seconds in sorted(ops.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"| `{name}` | {seconds / total:.1%} |")
+    if args.shapes:
+        print("\n| operator | input shapes | calls | share |\n|---|---|---:|---:|")
+        events = [e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith(("aten::", "mkldnn"))]
+        for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.shapes]:
+            shapes = ", ".join(str(tuple(shape)) for shape in event.input_shapes if shape)
+            print(f"| `{event.key}` | {shapes} | {event.count} | {event.self_cpu_time_total / 1e6 / total:.1%} |")
 
 
 if __name__ == "__main__":

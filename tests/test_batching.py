@@ -34,6 +34,20 @@ def test_order_depends_only_on_seed_and_epoch():
     assert a != token_batches(src, tgt, 300, seed=2, epoch=0)
 
 
+def test_every_epoch_has_the_same_batch_shapes():
+    """Only which sentences of equal lengths share a batch, and the batches' order, change between epochs: the
+    shapes (sentences, longest source, longest target) repeat, so compiled kernels for them are found again
+    (nmt/training/kernel_cache.py; docs/benchmarks.md, "A whole epoch against the same batches")."""
+    src, tgt = lengths()
+
+    def shapes(epoch):
+        batches = token_batches(src, tgt, 300, seed=1, epoch=epoch)
+        return sorted((len(b), max(src[i] for i in b), max(tgt[i] for i in b), sum(tgt[i] for i in b)) for b in batches)
+
+    assert shapes(0) == shapes(1) == shapes(2)
+    assert token_batches(src, tgt, 300, seed=1, epoch=0) != token_batches(src, tgt, 300, seed=1, epoch=1)
+
+
 def test_make_batch_layout():
     batch = make_batch([[5, 6], [7]], [[8], [9, 10]])
     assert batch.src.tolist() == [[5, 6, EOS], [7, EOS, PAD]]

@@ -31,3 +31,20 @@ def test_repeat_times_the_same_batches_after_an_untimed_pass(repeat, corpus, mon
         assert timed[0:3] == timed[3:6] == timed[6:9]
     else:  # each run: 1 warm-up update, then 3 timed ones (consecutive batches of the epoch)
         assert len(timed) == 2 * (1 + 3)
+
+
+def test_by_length_splits_every_epoch_into_target_length_groups(corpus, capsys):  # noqa: F811
+    argv = ["--precisions", "fp32", "--epochs", "2", "--by-length", *overrides(corpus, "transformer")]
+    load_script("bench_train").main(argv)
+    out = capsys.readouterr().out
+    summary = out.split("| precision | epoch |", 1)[1].split("\n\n", 1)[0]
+    updates = [int(line.split("|")[3]) for line in summary.splitlines() if line.startswith("| fp32 |")]
+    assert len(updates) == 2 and all(n > 0 for n in updates)
+    for epoch, expected in enumerate(updates):
+        table = out.split(f"fp32, epoch {epoch}, by target length", 1)[1].split("\n\n", 1)[0]
+        rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+        rows = rows[1:]  # the header
+        assert sum(int(r[1]) for r in rows) == expected  # every update in one group
+        assert abs(sum(float(r[4].strip().rstrip("%")) for r in rows) - 100) < 0.5  # shares of the epoch's time
+        firsts = [int(r[0].split("-")[0]) for r in rows]
+        assert firsts == sorted(firsts)  # shortest targets first

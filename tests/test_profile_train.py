@@ -40,3 +40,15 @@ def test_operators_are_sorted_into_kinds():
     assert kind("aten::copy_") == "copies and casts"
     assert kind("aten::relu") == "elementwise"
     assert kind("aten::unheard_of") == "other operators"
+
+
+def test_shapes_lists_the_costliest_operator_and_input_shape_pairs(corpus, capsys):  # noqa: F811
+    script = load_script("profile_train")
+    script.main(["--steps", "2", "--warmup", "1", "--shapes", "6", *overrides(corpus, "transformer")])
+    out = capsys.readouterr().out
+    table = out.split("| operator | input shapes |", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]*) \| (\d+) \| ([0-9.]+)% \|$", table, re.M)
+    assert len(rows) == 6
+    assert all(name.startswith(("aten::", "mkldnn")) and int(calls) >= 1 for name, _, calls, _ in rows)
+    assert any(re.fullmatch(r"\(\d+(, \d+)*\)(, \(\d+(, \d+)*\))*", shapes) for _, shapes, _, _ in rows)
+    assert [float(r[3]) for r in rows] == sorted((float(r[3]) for r in rows), reverse=True)  # costliest first
