@@ -29,6 +29,8 @@ def train_tiny(toy_dir: Path, norm: str, decode: DecodeConfig, steps: int = 150)
     tokenizer = Tokenizer.train(src, tgt, 120, "unigram", joint=True)
     src_ids, tgt_ids = tokenizer.encode_src(src), tokenizer.encode_tgt(tgt)
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same model however the suite is run (make test's workers have one thread each)
     model_cfg = ModelConfig(dim=32, layers=2, heads=4, ffn_dim=64, dropout=0.0, norm=norm, tie_embeddings=True)
     cfg = Config(data=DataConfig(train="unused"), model=model_cfg, decode=decode)
     model = build_model(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.joint)
@@ -41,6 +43,7 @@ def train_tiny(toy_dir: Path, norm: str, decode: DecodeConfig, steps: int = 150)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    torch.set_num_threads(threads)
     return cfg, model.eval(), tokenizer
 
 
