@@ -229,6 +229,8 @@ def main(argv: list[str]) -> None:
         "--by-length", action="store_true", help="with --epochs: each epoch's updates by their target length too"
     )
     args, overrides = parser.parse_known_args(argv)
+    if args.by_length and args.epochs <= 0:
+        parser.error("--by-length groups whole epochs' updates: give --epochs N too")
     tune_allocator()  # as nmt-train does (nmt.cli.common.run)
     cfg = compose("config", overrides + ["train.progress=false"])
     if args.epochs > 0:

@@ -48,3 +48,10 @@ def test_by_length_splits_every_epoch_into_target_length_groups(corpus, capsys):
         assert abs(sum(float(r[4].strip().rstrip("%")) for r in rows) - 100) < 0.5  # shares of the epoch's time
         firsts = [int(r[0].split("-")[0]) for r in rows]
         assert firsts == sorted(firsts)  # shortest targets first
+
+
+def test_by_length_without_epochs_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        load_script("bench_train").main(["--by-length", "experiment=bench_transformer"])
+    assert exit_.value.code == 2
+    assert "--by-length groups whole epochs' updates: give --epochs N too" in capsys.readouterr().err
