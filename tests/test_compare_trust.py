@@ -160,9 +160,9 @@ def test_a_slow_validation_takes_no_training_time(toy_dir, tmp_path, monkeypatch
     slow = fit("slow")
     for results in (fast, slow):
         assert 2.4 <= results["train_s"] < 2.9 and results["timed_out"]
-    validations = len(calls)  # counted, not inferred from the step count
+    validations = len(calls)  # counted, not inferred from the step count (2 when a loaded machine makes < 120 updates)
     assert (
-        validations >= 3 and slow["valid_s"] > fast["valid_s"] + 0.5 * validations - 0.2
+        validations >= 2 and slow["valid_s"] > fast["valid_s"] + 0.5 * validations - 0.2
     )  # none of it counted as training
     assert slow["wall_s"] > slow["train_s"] + 0.5 * validations
     assert 0.6 < slow["steps"] / fast["steps"] < 1.6  # the same budget buys about the same number of updates
