@@ -191,6 +191,11 @@ class TrainConfig:
     # mask drawn and applied in one pass, other draws of the same rate), or auto: native for bf16 training on a CPU,
     # torch in fp32 (nmt/training/native_dropout.py)
     dropout_kernel: str = key("auto", one_of("auto", "native", "torch"))
+    # the Transformer's pre-norm LayerNorms: torch (float32, cast to bf16 by the products that read them), native
+    # (nmt's C kernel: the output written in bf16, the gradient read in bf16, within rounding of torch's), or auto:
+    # native for bf16 training on a CPU, torch in fp32 (nmt/training/native_norm.py). torch by default until the
+    # figures of the bf16 Transformer models are measured again with it (docs/benchmarks.md)
+    norm_kernel: str = key("torch", one_of("auto", "native", "torch"))
     lr: float = key(5e-4, positive())  # peak learning rate, reached at the end of warm-up
     schedule: str = key("inverse_sqrt", one_of("inverse_sqrt", "constant", "cosine"))
     warmup: int = key(1000, at_least(0))

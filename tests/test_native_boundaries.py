@@ -71,6 +71,28 @@ def test_every_wrapper_refuses_what_its_kernel_would_misread():
         "dropout_apply: seed 1, dropped 65537": lambda: native.dropout_apply(x, 1, 65537, 1.0),
         "dropout_apply: seed 1, dropped 10, scale -1.0": lambda: native.dropout_apply(x, 1, 10, -1.0),
     }
+    w8, rows4 = torch.randn(8), torch.randn(4)
+    refused |= {
+        "layer_norm_bf16_forward: x must be a CPU float32 tensor of 2 dimensions, contiguous": lambda: (
+            native.layer_norm_bf16_forward(expanded, w8, w8, 1e-5)
+        ),
+        "layer_norm_bf16_forward: weight: 7 values for rows of 8": lambda: native.layer_norm_bf16_forward(
+            x, torch.randn(7), w8, 1e-5
+        ),
+        "layer_norm_bf16_forward: bias must be a CPU float32": lambda: native.layer_norm_bf16_forward(
+            x, w8, w8.to(torch.bfloat16), 1e-5
+        ),
+        "layer_norm_bf16_forward: width 8, eps -1.0": lambda: native.layer_norm_bf16_forward(x, w8, w8, -1.0),
+        "layer_norm_bf16_backward: grad must be a CPU float32 tensor of 2 dimensions, contiguous": lambda: (
+            native.layer_norm_bf16_backward(x, expanded, w8, rows4, rows4)
+        ),
+        "layer_norm_bf16_backward: grad (4, 7): expected the shape of x": lambda: native.layer_norm_bf16_backward(
+            x, torch.randn(4, 7), w8, rows4, rows4
+        ),
+        "layer_norm_bf16_backward: rstd: 3 values for 4 rows": lambda: native.layer_norm_bf16_backward(
+            x, x.to(torch.bfloat16), w8, rows4, torch.randn(3)
+        ),
+    }
     keys = torch.randn(4, 2, 6, 4)  # (slots, N, positions, D)
     qkv = torch.randn(4, 3 * 8)
     refused |= {
@@ -258,6 +280,8 @@ SANITIZED = [
     "tests/test_native_dropout.py::test_the_gradient_goes_through_the_same_mask_scaled",
     "tests/test_native_dropout.py::test_a_bf16_gradient_flows_back_in_bf16_and_an_expanded_one_is_made_contiguous",
     "tests/test_native_dropout.py::test_the_mask_follows_the_default_generator_and_not_the_thread_count",
+    "tests/test_native_norm.py::test_it_equals_torch_layer_norm_then_the_cast_within_rounding",
+    "tests/test_native_norm.py::test_the_same_bits_on_one_thread_or_two",
 ]
 
 

@@ -14,6 +14,7 @@ from nmt.engine import native
 from nmt.models import transformer
 from nmt.models.dropout import Dropout, drawn_by, dropout
 from nmt.training.native_dropout import native_dropout, resolve_dropout_kernel
+from nmt.training.native_norm import native_norm, resolve_norm_kernel
 from nmt.training.trainer import Trainer
 from tests.test_training_numerics import corpus, overrides  # noqa: F401 (the toy corpus fixture)
 
@@ -124,28 +125,32 @@ def test_drawn_by_routes_training_dropout_only():
     assert not torch.equal(dropout(x, 0.3), routed)  # outside: torch's masks again
 
 
-def test_the_dropout_kernel_choice():
-    """auto: native for bf16 training on a CPU (where the kernels are built), torch's in fp32 (the study's numbers);
-    native elsewhere falls back to torch's; an unknown name fails."""
+@pytest.mark.parametrize(
+    ("what", "resolve", "kernel"),
+    [("dropout", resolve_dropout_kernel, native_dropout), ("norm", resolve_norm_kernel, native_norm)],
+)
+def test_the_training_kernel_choice(what, resolve, kernel):
+    """train.dropout_kernel and train.norm_kernel: auto is native for bf16 training on a CPU (where the kernels are
+    built), torch's in fp32 (the study's numbers); native elsewhere falls back to torch's; an unknown name fails."""
     cpu = torch.device("cpu")
-    built_kernel = native_dropout if native.library() is not None else None
-    assert resolve_dropout_kernel("auto", "bf16", cpu) is built_kernel
-    assert resolve_dropout_kernel("auto", "fp32", cpu) is None
-    assert resolve_dropout_kernel("native", "fp32", cpu) is built_kernel
-    assert resolve_dropout_kernel("native", "bf16", torch.device("meta")) is None
-    assert resolve_dropout_kernel("torch", "bf16", cpu) is None
-    with pytest.raises(ValueError, match="dropout kernel 'fast'"):
-        resolve_dropout_kernel("fast", "bf16", cpu)
+    built_kernel = kernel if native.library() is not None else None
+    assert resolve("auto", "bf16", cpu) is built_kernel
+    assert resolve("auto", "fp32", cpu) is None
+    assert resolve("native", "fp32", cpu) is built_kernel
+    assert resolve("native", "bf16", torch.device("meta")) is None
+    assert resolve("torch", "bf16", cpu) is None
+    with pytest.raises(ValueError, match=f"{what} kernel 'fast'"):
+        resolve("fast", "bf16", cpu)
 
 
 STEPS, WINDOW = 240, 40
 
 
-def bf16_losses(corpus, tmp_path, kernel: str) -> list[float]:  # noqa: F811
+def bf16_losses(corpus, tmp_path, name: str, settings: list[str]) -> list[float]:  # noqa: F811
+    """The losses of a toy Transformer's 240 bf16 updates with these settings, one per update."""
     config = [o for o in overrides(corpus, "transformer") if not o.startswith("train.max_steps")]
-    config += [f"train.max_steps={STEPS}", "train.precision=bf16", f"train.dropout_kernel={kernel}"]
-    config += ["model.dropout=0.3"]
-    trainer = Trainer(compose("config", config), tmp_path / kernel)
+    config += [f"train.max_steps={STEPS}", "train.precision=bf16", *settings]
+    trainer = Trainer(compose("config", config), tmp_path / name)
     losses: list[float] = []
     step = trainer.train_step
     trainer.train_step = lambda *a, **k: losses.append(step(*a, **k)) or losses[-1]
@@ -159,9 +164,9 @@ def test_bf16_training_learns_as_before_the_kernel_and_joint_projections(corpus,
     and as before (torch's masks, three products): other masks, so other losses update by update, but the same
     curve: every window of 40 updates has a mean loss within 0.05 of the other's (measured: within 0.013; the loss
     falls by ~1 over the run), and both fall."""
-    ours = bf16_losses(corpus, tmp_path, "native")
+    ours = bf16_losses(corpus, tmp_path, "native", ["train.dropout_kernel=native", "model.dropout=0.3"])
     monkeypatch.setattr(transformer, "project", lambda x, *linears: tuple(linear(x) for linear in linears))
-    theirs = bf16_losses(corpus, tmp_path, "torch")
+    theirs = bf16_losses(corpus, tmp_path, "torch", ["train.dropout_kernel=torch", "model.dropout=0.3"])
     assert None not in ours and None not in theirs and ours != theirs
     means = [
         (statistics.fmean(a[i : i + WINDOW]), statistics.fmean(b[i : i + WINDOW]))

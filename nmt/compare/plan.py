@@ -25,6 +25,7 @@ THROUGHPUT = (
     "train.precision",
     "train.loss_kernel",  # bf16: nmt's C loss or torch's, equal within rounding only
     "train.dropout_kernel",  # bf16: nmt's C dropout or torch's, other masks of the same rate
+    "train.norm_kernel",  # bf16: nmt's C LayerNorm or torch's, equal within rounding only
     "train.batch_tokens",
     "train.accumulate",
     "train.device",  # how fast a budget trains

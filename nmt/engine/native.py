@@ -655,3 +655,48 @@ def dropout_apply(x: torch.Tensor, seed: int, dropped: int, scale: float) -> tor
     code = library().dropout_apply(x.data_ptr(), int(bf16), x.numel(), seed, dropped, scale, out.data_ptr())
     done("dropout_apply", code)
     return out
+
+
+def layer_norm_bf16_forward(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer normalization of x (R, H) fp32 contiguous with weight and bias (H,) fp32 (csrc/layernorm.c): the output
+    (R, H) in bf16 and each row's mean and 1 / std (R,), fp32."""
+    rows, width = need("layer_norm_bf16_forward", "x", x, dims=2).shape
+    for name, t in (("weight", weight), ("bias", bias)):
+        if not need("layer_norm_bf16_forward", name, t, dims=1).numel() == width:
+            fail("layer_norm_bf16_forward", f"{name}: {t.numel()} values for rows of {width}")
+    if not (width >= 1 and eps >= 0.0):
+        fail("layer_norm_bf16_forward", f"width {width}, eps {eps}: expected at least one column and eps >= 0")
+    y = torch.empty((rows, width), dtype=torch.bfloat16)
+    mean, rstd = torch.empty(rows), torch.empty(rows)
+    code = library().layer_norm_bf16_forward(
+        x.data_ptr(), rows, width, weight.data_ptr(), bias.data_ptr(), eps, y.data_ptr(), mean.data_ptr(),
+        rstd.data_ptr(),
+    )  # fmt: skip
+    done("layer_norm_bf16_forward", code)
+    return y, mean, rstd
+
+
+def layer_norm_bf16_backward(
+    x: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of `layer_norm_bf16_forward` from the output's gradient (R, H) bf16 or fp32 contiguous: for x
+    (R, H), weight and bias (H,), all fp32."""
+    rows, width = need("layer_norm_bf16_backward", "x", x, dims=2).shape
+    bf16 = isinstance(grad, torch.Tensor) and grad.dtype is torch.bfloat16
+    if need("layer_norm_bf16_backward", "grad", grad, torch.bfloat16 if bf16 else torch.float32, 2).shape != x.shape:
+        fail("layer_norm_bf16_backward", f"grad {tuple(grad.shape)}: expected the shape of x, {tuple(x.shape)}")
+    if not need("layer_norm_bf16_backward", "weight", weight, dims=1).numel() == width:
+        fail("layer_norm_bf16_backward", f"weight: {weight.numel()} values for rows of {width}")
+    for name, t in (("mean", mean), ("rstd", rstd)):
+        if not need("layer_norm_bf16_backward", name, t, dims=1).numel() == rows:
+            fail("layer_norm_bf16_backward", f"{name}: {t.numel()} values for {rows} rows")
+    dx, dw, db = torch.empty_like(x), torch.empty(width), torch.empty(width)
+    partial = torch.empty((rows + 63) // 64, 2, width)
+    code = library().layer_norm_bf16_backward(
+        x.data_ptr(), grad.data_ptr(), int(bf16), rows, width, weight.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+        dx.data_ptr(), partial.data_ptr(), dw.data_ptr(), db.data_ptr(),
+    )  # fmt: skip
+    done("layer_norm_bf16_backward", code)
+    return dx, dw, db

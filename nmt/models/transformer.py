@@ -26,6 +26,7 @@ from torch import nn
 
 from nmt.models.dropout import Dropout
 from nmt.models.dropout import dropout as drop
+from nmt.models.norm import InputNorm
 from nmt.models.seq2seq import Enc, Seq2Seq, State, by_sentence
 
 
@@ -182,8 +183,8 @@ class Residual(nn.Module):
 
     def __init__(self, dim: int, dropout: float, norm: str):
         super().__init__()
-        self.norm = nn.LayerNorm(dim)
         self.pre = norm == "pre"
+        self.norm = InputNorm(dim) if self.pre else nn.LayerNorm(dim)  # pre: only the sub-layer's products read it
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
@@ -211,7 +212,7 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         self.embed = embed
         self.layers = nn.ModuleList(EncoderLayer(dim, heads, ffn_dim, dropout, norm, scale) for _ in range(layers))
-        self.final_norm = nn.LayerNorm(dim) if norm == "pre" else nn.Identity()
+        self.final_norm = InputNorm(dim) if norm == "pre" else nn.Identity()
 
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor) -> Enc:
         x = self.embed(src)  # (B, S, H)
@@ -317,7 +318,7 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         self.embed = embed
         self.layers = nn.ModuleList(DecoderLayer(dim, heads, ffn_dim, dropout, norm, scale) for _ in range(layers))
-        self.final_norm = nn.LayerNorm(dim) if norm == "pre" else nn.Identity()
+        self.final_norm = InputNorm(dim) if norm == "pre" else nn.Identity()
         self.output = nn.Linear(dim, vocab, bias=False)
         if tie_output:
             self.output.weight = embed.tokens.weight

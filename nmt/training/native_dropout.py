@@ -46,12 +46,16 @@ def native_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     return _NativeDropout.apply(x.contiguous(), word, dropped, LEVELS / (LEVELS - dropped))
 
 
-def resolve_dropout_kernel(kernel: str, precision: str, device: torch.device) -> Callable | None:
-    """The dropout `drawn_by` gets for training in `precision` on `device`: native_dropout, or None (torch's).
-
+def resolve_training_kernel(what: str, kernel: str, precision: str, device: torch.device, native_fn: Callable):
+    """native_fn or None (torch's) for a training kernel setting (`train.dropout_kernel`, `train.norm_kernel`):
     auto is native for bf16 on a CPU; native on another device, or without a C compiler, falls back to torch's."""
     if kernel not in KERNELS:
-        raise ValueError(f"dropout kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
+        raise ValueError(f"{what} kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     if kernel == "torch" or device.type != "cpu" or (kernel == "auto" and precision != "bf16"):
         return None
-    return native_dropout if native.library() is not None else None
+    return native_fn if native.library() is not None else None
+
+
+def resolve_dropout_kernel(kernel: str, precision: str, device: torch.device) -> Callable | None:
+    """The dropout `drawn_by` gets for training in `precision` on `device`: native_dropout, or None (torch's)."""
+    return resolve_training_kernel("dropout", kernel, precision, device, native_dropout)

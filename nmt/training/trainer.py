@@ -32,6 +32,7 @@ from nmt.errors import NmtError
 from nmt.fileio import atomic_open
 from nmt.models.builders import build_model
 from nmt.models.dropout import drawn_by
+from nmt.models.norm import normed_by
 from nmt.runtime import resolve_device, seed_everything
 from nmt.training.checkpoint import checkpoint_tokenizer, load_weights, remove_stale_temporaries
 from nmt.training.clock import Clock
@@ -39,6 +40,7 @@ from nmt.training.distributed import Distributed
 from nmt.training.kernel_cache import keep_compiled_kernels
 from nmt.training.loss import smoothed_cross_entropy
 from nmt.training.native_dropout import resolve_dropout_kernel
+from nmt.training.native_norm import resolve_norm_kernel
 from nmt.training.position import DataPosition
 from nmt.training.precision import Precision
 from nmt.training.progress import Meter, Progress, RunLog
@@ -87,6 +89,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self.device = self.dist.setup(resolve_device(train.device), train.dist_timeout_min)
         self.precision = Precision(train.precision, self.device)
         self.dropout_kernel = resolve_dropout_kernel(train.dropout_kernel, self.precision.name, self.device)
+        self.norm_kernel = resolve_norm_kernel(train.norm_kernel, self.precision.name, self.device)
         seed_everything(train.seed)  # the same initial weights on every process
         self.data = self._prepare_data(checkpoint)
         tok = self.data.tokenizer
@@ -182,7 +185,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
     def loss(self, batch: Batch, smoothing: float, net: torch.nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy over the real (non-padding) target tokens; `net` defaults to the training one."""
         live = batch.tgt_out != PAD  # (B, T)
-        with record_function("forward"), drawn_by(self.dropout_kernel):
+        with record_function("forward"), drawn_by(self.dropout_kernel), normed_by(self.norm_kernel):
             logits = (net or self.net)(batch.src, batch.src_mask, batch.tgt_in, live)  # (N, V), N real target tokens
         with record_function("loss"):
             return smoothed_cross_entropy(logits, batch.tgt_out[live], smoothing, self.cfg.train.loss_kernel)

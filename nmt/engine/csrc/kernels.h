@@ -111,6 +111,14 @@ int xent_backward(const void *x, int bf16, int64_t rows, int64_t width, const in
    x and out (n,) float32 (bf16 = 0) or bf16 (raw 16 bits; out may be x). NMT_OUT_OF_BOUNDS (writing nothing) for
    dropped outside [0, 65536] or a negative scale. */
 int dropout_apply(const void *x, int bf16, int64_t n, uint64_t seed, int32_t dropped, float scale, void *out);
+/* layernorm.c: layer normalization of float32 rows x (rows, width) with weight w and bias b (width,): forward writes
+   y (rows, width) in bf16 (raw 16 bits) and each row's mean and 1 / std (rows,); backward reads the output's
+   gradient dy in bf16 (bf16 = 1) or float32 and writes dx (rows, width), dw and db (width,) in float32, with
+   partial (ceil(rows / 64), 2, width) as scratch. NMT_OUT_OF_BOUNDS (writing nothing) for width < 1 or eps < 0. */
+int layer_norm_bf16_forward(const float *x, int64_t rows, int64_t width, const float *w, const float *b, float eps,
+                            uint16_t *y, float *mean, float *rstd);
+int layer_norm_bf16_backward(const float *x, const void *dy, int bf16, int64_t rows, int64_t width, const float *w,
+                             const float *mean, const float *rstd, float *dx, float *partial, float *dw, float *db);
 int nmt_indices_within(const int64_t *x, int64_t rows, int64_t cols, int64_t stride, int64_t size);
 
 #endif /* NMT_KERNELS_H */
