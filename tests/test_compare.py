@@ -218,7 +218,7 @@ def test_mistakes_are_one_line(toy_dir, tmp_path, capsys):
     )
     assert code != 0 and "train.dropout_kernel" in err and err.count("\n") == 1  # and dropout draws alike
     code, _, err = cli(
-        compare.main, args + ["overrides.transformer=[model=transformer,train.norm_kernel=torch]"], capsys
+        compare.main, args + ["overrides.transformer=[model=transformer,train.norm_kernel=native]"], capsys
     )
     assert code != 0 and "train.norm_kernel" in err and err.count("\n") == 1  # and LayerNorm rounds alike
     code, _, err = cli(compare.main, ["report_only=true", f"out={tmp_path}/nothing"], capsys)
