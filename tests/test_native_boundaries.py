@@ -93,6 +93,27 @@ def test_every_wrapper_refuses_what_its_kernel_would_misread():
             x, x.to(torch.bfloat16), w8, rows4, torch.randn(3)
         ),
     }
+    q8, keys8 = torch.randn(4, 8).bfloat16(), torch.randn(4, 3, 8).bfloat16()
+    refused |= {
+        "additive_scores_forward: keys must be a CPU bfloat16 tensor of 3 dimensions, contiguous": lambda: (
+            native.additive_scores_forward(q8, keys8.transpose(1, 2).contiguous().transpose(1, 2), w8)
+        ),
+        "additive_scores_forward: q must be a CPU bfloat16 tensor of 2 dimensions, its last dimension": lambda: (
+            native.additive_scores_forward(q8.t().contiguous().t(), keys8, w8)
+        ),
+        "additive_scores_forward: q (4, 8) (row stride 0)": lambda: native.additive_scores_forward(
+            q8[:1].expand(4, 8), keys8, w8
+        ),
+        "additive_scores_forward: v: 7 values": lambda: native.additive_scores_forward(q8, keys8, torch.randn(7)),
+        "additive_scores_backward: grad (4, 2): expected (4, 3)": lambda: native.additive_scores_backward(
+            q8, keys8, w8, torch.randn(4, 2), torch.zeros(4, 3, 8), torch.zeros(4, 8)
+        ),
+        "additive_scores_backward: dv_rows must be a CPU float32 tensor of 2 dimensions, contiguous": lambda: (
+            native.additive_scores_backward(
+                q8, keys8, w8, torch.randn(4, 3), torch.zeros(4, 3, 8), torch.zeros(8, 4).t()
+            )
+        ),
+    }
     keys = torch.randn(4, 2, 6, 4)  # (slots, N, positions, D)
     qkv = torch.randn(4, 3 * 8)
     refused |= {
@@ -282,6 +303,9 @@ SANITIZED = [
     "tests/test_native_dropout.py::test_the_mask_follows_the_default_generator_and_not_the_thread_count",
     "tests/test_native_norm.py::test_it_equals_torch_layer_norm_then_the_cast_within_rounding",
     "tests/test_native_norm.py::test_the_same_bits_on_one_thread_or_two",
+    "tests/test_bahdanau_loop.py::test_the_c_score_equals_torch_in_float32_within_rounding",
+    "tests/test_bahdanau_loop.py::test_the_c_score_gives_the_same_bits_on_one_thread_or_two_and_takes_empty_batches",
+    "tests/test_bahdanau_loop.py::test_under_bf16_autocast_it_is_as_close_to_float64_as_bf16_allows",
 ]
 
 

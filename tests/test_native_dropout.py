@@ -146,9 +146,10 @@ def test_the_training_kernel_choice(what, resolve, kernel):
 STEPS, WINDOW = 240, 40
 
 
-def bf16_losses(corpus, tmp_path, name: str, settings: list[str]) -> list[float]:  # noqa: F811
-    """The losses of a toy Transformer's 240 bf16 updates with these settings, one per update."""
-    config = [o for o in overrides(corpus, "transformer") if not o.startswith("train.max_steps")]
+def bf16_losses(corpus, tmp_path, name: str, settings: list[str], model: str = "transformer") -> list[float]:  # noqa: F811
+    """The losses of a toy model's 240 bf16 updates with these settings, one per update (tests/test_training_numerics'
+    MODELS: a Transformer by default)."""
+    config = [o for o in overrides(corpus, model) if not o.startswith("train.max_steps")]
     config += [f"train.max_steps={STEPS}", "train.precision=bf16", *settings]
     trainer = Trainer(compose("config", config), tmp_path / name)
     losses: list[float] = []

@@ -26,6 +26,7 @@ THROUGHPUT = (
     "train.loss_kernel",  # bf16: nmt's C loss or torch's, equal within rounding only
     "train.dropout_kernel",  # bf16: nmt's C dropout or torch's, other masks of the same rate
     "train.norm_kernel",  # bf16: nmt's C LayerNorm or torch's, equal within rounding only
+    "train.decoder_loop",  # Bahdanau's teacher forcing as one operation or step by step, equal within rounding only
     "train.batch_tokens",
     "train.accumulate",
     "train.device",  # how fast a budget trains

@@ -43,7 +43,7 @@ from pathlib import Path
 from nmt.engine.structs import LAYOUT
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("kernels.c", "loss.c", "dropout.c", "layernorm.c")
+SOURCES = ("kernels.c", "loss.c", "dropout.c", "layernorm.c", "additive.c")
 HEADERS = ("kernels.h", "vmath.h", "bf16.h")
 FLAGS = [
     "-O3",
@@ -94,6 +94,8 @@ SIGNATURES: dict[str, tuple[list, type | None]] = {  # name -> (argument types, 
     "dropout_apply": ([_P, _INT, _I64, ctypes.c_uint64, ctypes.c_int32, _F, _P], _INT),
     "layer_norm_bf16_forward": ([_P, _I64, _I64, _P, _P, _F, _P, _P, _P], _INT),
     "layer_norm_bf16_backward": ([_P, _P, _INT, _I64, _I64, _P, _P, _P, _P, _P, _P, _P], _INT),
+    "additive_scores_forward": ([_P, _I64, _P, _P, _I64, _I64, _I64, _P], _INT),
+    "additive_scores_backward": ([_P, _I64, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P], _INT),
 }  # fmt: skip
 
 _WARNED: set[str] = set()

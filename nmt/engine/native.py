@@ -700,3 +700,51 @@ def layer_norm_bf16_backward(
     )  # fmt: skip
     done("layer_norm_bf16_backward", code)
     return dx, dw, db
+
+
+def _additive_operands(function: str, q: torch.Tensor, keys: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
+    """(B, S, A) of additive_scores_*'s q (B, A) bf16 whose last dimension is contiguous and whose rows do not
+    overlap, keys (B, S, A) bf16 contiguous and v (A,) fp32, after checking that they agree."""
+    batch, length, width = need(function, "keys", keys, torch.bfloat16, 3).shape
+    need(function, "q", q, torch.bfloat16, 2, contiguous=False)
+    if q.shape != (batch, width) or (batch > 1 and q.stride(0) < width):
+        fail(function, f"q {tuple(q.shape)} (row stride {q.stride(0)}): expected ({batch}, {width}), rows apart")
+    if need(function, "v", v, dims=1).numel() != width or width < 1:
+        fail(function, f"v: {v.numel()} values for keys of width {width}: expected as many, at least one")
+    return batch, length, width
+
+
+def additive_scores_forward(q: torch.Tensor, keys: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Bahdanau's additive scores e_bs = sum_a v_a tanh(q_ba + k_bsa) (B, S) fp32 for one decoder step
+    (csrc/additive.c): q (B, A) and keys (B, S, A) bf16, v (A,) fp32."""
+    batch, length, width = _additive_operands("additive_scores_forward", q, keys, v)
+    scores = torch.empty((batch, length))
+    code = library().additive_scores_forward(
+        q.data_ptr(), max(q.stride(0), width), keys.data_ptr(), v.data_ptr(), batch, length, width, scores.data_ptr()
+    )
+    done("additive_scores_forward", code)
+    return scores
+
+
+def additive_scores_backward(
+    q: torch.Tensor, keys: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, dkeys: torch.Tensor, dv_rows: torch.Tensor
+) -> torch.Tensor:
+    """The backward of `additive_scores_forward` from the scores' gradient grad (B, S) fp32: returns q's gradient
+    (B, A) and adds the keys' into dkeys (B, S, A) and each sentence's part of v's into dv_rows (B, A), all fp32
+    (they sum over a decoder's steps)."""
+    function = "additive_scores_backward"
+    batch, length, width = _additive_operands(function, q, keys, v)
+    for name, t, shape in (
+        ("grad", grad, (batch, length)),
+        ("dkeys", dkeys, (batch, length, width)),
+        ("dv_rows", dv_rows, (batch, width)),
+    ):
+        if need(function, name, t, dims=len(shape)).shape != shape:
+            fail(function, f"{name} {tuple(t.shape)}: expected {shape}")
+    dq = torch.empty((batch, width))
+    code = library().additive_scores_backward(
+        q.data_ptr(), max(q.stride(0), width), keys.data_ptr(), v.data_ptr(), grad.data_ptr(), batch, length, width,
+        dq.data_ptr(), dkeys.data_ptr(), dv_rows.data_ptr(),
+    )  # fmt: skip
+    done(function, code)
+    return dq

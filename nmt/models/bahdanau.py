@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nmt.models.attention import Attention
+from nmt.models.attention import Additive, Attention
+from nmt.models.bahdanau_loop import fused_features, loop_scores
 from nmt.models.dropout import Dropout
 from nmt.models.rnn import Recurrent, RNNDecoder
 from nmt.models.seq2seq import Enc, State
@@ -60,3 +61,18 @@ class BahdanauDecoder(RNNDecoder):
         _, hidden = self.rnn(torch.cat([emb, context], -1)[:, None], state)  # s_i
         # logits: self.output of the first
         return self.dropout(t_i), {**state, **hidden, "t": state["t"] + 1}, None if attn is None else attn[:, 0]
+
+    def features(
+        self, tgt_in: torch.Tensor, enc: Enc, need_attn: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher forcing: the output layer's input (B, T, E), attention (B, T, S) if asked. Within `looped_by`
+        (training with train.decoder_loop) a GRU of one layer with the additive score runs as one operation
+        (nmt/models/bahdanau_loop.py); otherwise, and whenever attention is asked for, one `advance` per step."""
+        scores = loop_scores()
+        if scores is None or need_attn or not self.fusable():
+            return super().features(tgt_in, enc, need_attn)
+        return fused_features(self, tgt_in, enc, scores), None
+
+    def fusable(self) -> bool:
+        """Whether bahdanau_loop covers this decoder: a GRU of one layer, the additive global soft score."""
+        return not self.rnn.lstm and self.rnn.rnn.num_layers == 1 and type(self.attention) is Additive

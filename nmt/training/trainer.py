@@ -30,6 +30,7 @@ from nmt.data.dataset import prepare_data
 from nmt.data.tokenizer import PAD
 from nmt.errors import NmtError
 from nmt.fileio import atomic_open
+from nmt.models.bahdanau_loop import looped_by
 from nmt.models.builders import build_model
 from nmt.models.dropout import drawn_by
 from nmt.models.norm import normed_by
@@ -39,6 +40,7 @@ from nmt.training.clock import Clock
 from nmt.training.distributed import Distributed
 from nmt.training.kernel_cache import keep_compiled_kernels
 from nmt.training.loss import smoothed_cross_entropy
+from nmt.training.native_attention import resolve_decoder_loop
 from nmt.training.native_dropout import resolve_dropout_kernel
 from nmt.training.native_norm import resolve_norm_kernel
 from nmt.training.position import DataPosition
@@ -90,6 +92,7 @@ class Trainer(CheckpointState, Validation, DataPosition):
         self.precision = Precision(train.precision, self.device)
         self.dropout_kernel = resolve_dropout_kernel(train.dropout_kernel, self.precision.name, self.device)
         self.norm_kernel = resolve_norm_kernel(train.norm_kernel, self.precision.name, self.device)
+        self.decoder_loop = resolve_decoder_loop(train.decoder_loop, self.precision.name, self.device)
         seed_everything(train.seed)  # the same initial weights on every process
         self.data = self._prepare_data(checkpoint)
         tok = self.data.tokenizer
@@ -185,7 +188,12 @@ class Trainer(CheckpointState, Validation, DataPosition):
     def loss(self, batch: Batch, smoothing: float, net: torch.nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy over the real (non-padding) target tokens; `net` defaults to the training one."""
         live = batch.tgt_out != PAD  # (B, T)
-        with record_function("forward"), drawn_by(self.dropout_kernel), normed_by(self.norm_kernel):
+        with (
+            record_function("forward"),
+            drawn_by(self.dropout_kernel),
+            normed_by(self.norm_kernel),
+            looped_by(self.decoder_loop),
+        ):
             logits = (net or self.net)(batch.src, batch.src_mask, batch.tgt_in, live)  # (N, V), N real target tokens
         with record_function("loss"):
             return smoothed_cross_entropy(logits, batch.tgt_out[live], smoothing, self.cfg.train.loss_kernel)

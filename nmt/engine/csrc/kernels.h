@@ -121,4 +121,11 @@ int layer_norm_bf16_backward(const float *x, const void *dy, int bf16, int64_t r
                              const float *mean, const float *rstd, float *dx, float *partial, float *dw, float *db);
 int nmt_indices_within(const int64_t *x, int64_t rows, int64_t cols, int64_t stride, int64_t size);
 
+/* Bahdanau's additive score for one decoder step of bf16 training, and its backward (additive.c). */
+int additive_scores_forward(const uint16_t *q, int64_t q_stride, const uint16_t *keys, const float *v, int64_t batch,
+                            int64_t length, int64_t width, float *scores);
+int additive_scores_backward(const uint16_t *q, int64_t q_stride, const uint16_t *keys, const float *v,
+                             const float *grad, int64_t batch, int64_t length, int64_t width, float *dq, float *dkeys,
+                             float *dv_rows);
+
 #endif /* NMT_KERNELS_H */
