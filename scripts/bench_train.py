@@ -20,6 +20,14 @@ compilations, for A/B comparisons of one change (e.g. train.dropout_kernel=torch
 
     python scripts/bench_train.py --precisions bf16 --repeat --steps 12 --runs 4 experiment=bench_transformer ...
 
+With --ab KEY=A,B (and --epochs N) it builds two trainers, one with each value of the setting, and trains every
+batch of each epoch with both, one right after the other (A first on even updates, B first on odd ones): a VM's
+speed drifts by 10-40% within minutes here, far more than a change's effect, while two updates of one batch are a
+second apart, so the ratio of their summed times (and the median of the per-update ratios) is read from one run:
+
+    python scripts/bench_train.py --precisions bf16 --epochs 2 --ab train.decoder_loop=steps,fused \
+        experiment=bench_rnn data.root=data/multi30k train.threads=2
+
 Under torchrun it times data-parallel training (nmt-train's own, nmt.training.distributed): each of the N
 processes takes every N-th batch, an update holds N batches, and tokens/s counts all processes' tokens; the
 matmul peak is one process's (all measuring at once) times N. Two single-threaded processes, against one
@@ -213,6 +221,44 @@ def bench_epochs(cfg, precision: str, epochs: int) -> list[dict]:
     return rows
 
 
+def bench_ab(cfgs: tuple, precision: str, epochs: int) -> list[dict]:
+    """Every batch of epochs 0..epochs-1 trained by two trainers (cfgs: the A and B configs), the two updates of a batch
+    one after the other, alternating which goes first; per epoch: each one's tokens/s, the ratio B / A of the summed
+    times, and the median of the per-update ratios."""
+    cfgs = tuple(replace(c, train=replace(c.train, precision=precision)) for c in cfgs)
+    rows = []
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainers = [Trainer(c, f"{run_dir}/{name}", log=lambda line: None) for c, name in zip(cfgs, "AB")]
+        train = trainers[0].data.splits["train"]
+        src_lens, tgt_lens = train.lengths()
+        for epoch in range(epochs):
+            batches = token_batches(src_lens, tgt_lens, cfgs[0].train.batch_tokens, cfgs[0].train.seed, epoch)
+            seconds, ratios, tokens = [0.0, 0.0], [], 0
+            for position, indices in enumerate(batches):
+                counted = sum(tgt_lens[i] + 1 for i in indices)
+                batch, took = train.batch(indices), [0.0, 0.0]
+                for which in (0, 1) if position % 2 == 0 else (1, 0):
+                    began = time.perf_counter()
+                    trainers[which].train_step([batch], counted)
+                    took[which] = time.perf_counter() - began
+                seconds = [seconds[0] + took[0], seconds[1] + took[1]]
+                ratios.append(took[0] / took[1])
+                tokens += counted
+            rows.append(
+                {
+                    "precision": precision,
+                    "epoch": epoch,
+                    "updates": len(batches),
+                    "a": tokens / seconds[0],
+                    "b": tokens / seconds[1],
+                    "ratio": seconds[0] / seconds[1],
+                    "median_ratio": statistics.median(ratios),
+                }
+            )
+            print(f"{precision} epoch {epoch}: B/A {seconds[0] / seconds[1]:.3f}", file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -228,11 +274,34 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--by-length", action="store_true", help="with --epochs: each epoch's updates by their target length too"
     )
+    parser.add_argument(
+        "--ab",
+        metavar="KEY=A,B",
+        help="with --epochs: every update trained with both values of a setting, side by side",
+    )
     args, overrides = parser.parse_known_args(argv)
     if args.by_length and args.epochs <= 0:
         parser.error("--by-length groups whole epochs' updates: give --epochs N too")
+    key, _, values = (args.ab or "").partition("=")
+    if args.ab is not None and (args.epochs <= 0 or len(values.split(",")) != 2 or not key):
+        parser.error(f"--ab {args.ab}: expected KEY=A,B (e.g. train.decoder_loop=steps,fused) and --epochs N")
+    if args.ab is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        parser.error("--ab trains two models in one process: run it without torchrun")
     tune_allocator()  # as nmt-train does (nmt.cli.common.run)
     cfg = compose("config", overrides + ["train.progress=false"])
+    if args.ab is not None:
+        a, b = values.split(",")
+        cfgs = tuple(compose("config", overrides + ["train.progress=false", f"{key}={v}"]) for v in (a, b))
+        rows = [row for p in args.precisions.split(",") for row in bench_ab(cfgs, p, args.epochs)]
+        print(f"\nA: {key}={a}, B: {key}={b}; batch_tokens {cfg.train.batch_tokens}, threads {torch.get_num_threads()}")
+        print("| precision | epoch | updates | A target tokens/s | B target tokens/s | B / A | median per update |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(
+                f"| {r['precision']} | {r['epoch']} | {r['updates']} | {r['a']:,.0f} | {r['b']:,.0f} | "
+                f"{r['ratio']:.3f}x | {r['median_ratio']:.3f}x |"
+            )
+        return
     if args.epochs > 0:
         rows = [row for p in args.precisions.split(",") for row in bench_epochs(cfg, p, args.epochs)]
         if int(os.environ.get("RANK", "0")) == 0:

@@ -55,3 +55,35 @@ def test_by_length_without_epochs_is_refused_in_one_line(capsys):
         load_script("bench_train").main(["--by-length", "experiment=bench_transformer"])
     assert exit_.value.code == 2
     assert "--by-length groups whole epochs' updates: give --epochs N too" in capsys.readouterr().err
+
+
+def test_ab_trains_every_batch_with_both_settings_one_after_the_other(corpus, monkeypatch, capsys):  # noqa: F811
+    """--ab: two trainers (one per value), each update's batch trained by both back to back, the order alternating;
+    the table has each epoch's two rates and their ratio."""
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    step = Trainer.train_step
+
+    def recorded(self, batches, *args, **kwargs):
+        seen.append((self.cfg.train.dropout_kernel, tuple(batches[0].tgt_out.shape)))
+        return step(self, batches, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "train_step", recorded)
+    argv = ["--epochs", "1", "--ab", "train.dropout_kernel=torch,auto", *overrides(corpus, "transformer")]
+    load_script("bench_train").main(argv)
+    out = capsys.readouterr().out
+    assert "A: train.dropout_kernel=torch, B: train.dropout_kernel=auto" in out
+    row = next(line for line in out.splitlines() if line.startswith("| fp32 | 0 |"))
+    updates = int(row.split("|")[3])
+    assert updates > 0 and len(seen) == 2 * updates
+    pairs = [seen[i : i + 2] for i in range(0, len(seen), 2)]
+    assert all(a[1] == b[1] for a, b in pairs)  # the same batch twice
+    assert [a[0] for a, _ in pairs[:2]] == ["torch", "auto"]  # A first, then B first
+    assert float(row.split("|")[6].strip().rstrip("x")) > 0
+
+
+@pytest.mark.parametrize("ab", ["train.decoder_loop=steps", "=a,b", "train.x=a,b,c"])
+def test_ab_needs_a_key_two_values_and_epochs(ab, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        load_script("bench_train").main(["--epochs", "1", "--ab", ab, "experiment=bench_rnn"])
+    assert exit_.value.code == 2
+    assert f"--ab {ab}: expected KEY=A,B" in capsys.readouterr().err
