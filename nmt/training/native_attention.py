@@ -7,10 +7,9 @@ a bf16 RNN update that is not a matrix product. The kernel reads q and the keys 
 q + k and the tanh in float32 and writes the (B, S) scores; its backward recomputes the tanh and writes q's
 gradient and adds the keys' and v's in the same pass.
 
-`train.decoder_loop`: steps (the default for now: one recorded `advance` per step), fused (the loop as one operation,
-the score in C for bf16 on a CPU where the kernels are built, in torch otherwise) or auto (fused for bf16 training on
-a CPU, steps in fp32, whose numbers the attention study's fp32 grid records). It stays opt-in until the published
-figures of bf16-trained Bahdanau models are measured again with it.
+`train.decoder_loop`: steps (one recorded `advance` per step), fused (the loop as one operation, the score in C for
+bf16 on a CPU where the kernels are built, in torch otherwise) or auto, the default: fused for bf16 training on a CPU,
+steps in fp32, whose numbers the attention study's fp32 grid records.
 """
 
 from __future__ import annotations
